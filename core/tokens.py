@@ -192,8 +192,8 @@ class Calibration(BaseModel):
 
     def predict(self, estimate: int | float) -> int:
         if self.samples == 0:
-            return int(round(estimate))
-        return max(0, int(round(self.a * float(estimate) + self.b)))
+            return round(estimate)
+        return max(0, round(self.a * float(estimate) + self.b))
 
     def observe(self, estimate: int | float, reported: int | float) -> Calibration:
         """A new calibration including one sample; the old one if the sample is unusable."""
@@ -213,10 +213,7 @@ class Calibration(BaseModel):
         var_x = (1 - w) * (self.var_x + w * dx * dx)
         cov_xy = (1 - w) * (self.cov_xy + w * dx * dy)
         # Enough spread (relative) to trust a slope? Otherwise keep a and move b.
-        if var_x > (0.05 * mean_x) ** 2:
-            a = cov_xy / var_x
-        else:
-            a = self.a
+        a = cov_xy / var_x if var_x > (0.05 * mean_x) ** 2 else self.a
         a = min(max(a, self.A_MIN), self.A_MAX)
         b = min(max(mean_y - a * mean_x, self.B_MIN), self.B_MAX)
         return self.model_copy(update={

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .messages import Message
 
 __all__ = [
+    "CompactionRecord",
     "Edit",
     "FoldEdit",
     "FoldedSpan",
@@ -26,7 +27,6 @@ __all__ = [
     "Outcome",
     "Refusal",
     "RefusalReason",
-    "CompactionRecord",
     "SummarizerUsage",
     "Trigger",
     "WindowItem",
