@@ -51,6 +51,11 @@ __all__ = [
 class _Block(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
+    def model_post_init(self, context: Any, /) -> None:
+        # ``type`` is a discriminator, not a default: a block built in code (``TextBlock(text=..)``)
+        # must dump it too, or ``Message.to_json`` (exclude_unset) writes a block nobody can load.
+        self.model_fields_set.add("type")
+
 
 class TextBlock(_Block):
     type: Literal["text"] = "text"
