@@ -1,0 +1,185 @@
+"""A scripted operations agent: long, tool-using conversations generated for the demo.
+
+Each session is a standing agent on an on-call shift: it reads logs, queries tickets, runs SQL
+against a billing replica and reads config files, one tool call per assistant message. Early in
+the shift it meets identifiers (an account number, a ticket id, a file path) that it is asked
+about again hundreds of turns later — the demo checks whether those late questions can still be
+answered from the (compacted) window.
+
+Everything is deterministic for a given ``(agent, turns, seed)``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessionfold.core.messages import Conversation, parse_messages
+
+__all__ = ["SYSTEM_PROMPT", "LateQuestion", "OpsSession", "generate_session"]
+
+SYSTEM_PROMPT = (
+    "You are an on-call operations agent for a payments company. You have four tools: "
+    "read_logs(service, since), query_ticket(ticket_id), run_sql(query) against the read-only "
+    "billing replica, and read_file(path). Investigate before acting, one tool call at a time, "
+    "and keep the identifiers of every open incident (account numbers, ticket ids, file paths) "
+    "at hand: the shift lead will ask about them."
+)
+
+_SERVICES = ("ledger-api", "card-auth", "payout-worker", "fx-rates", "kyc-gateway", "webhooks")
+_HOSTS = ("ip-10-4-1-17", "ip-10-4-2-33", "ip-10-4-3-8", "ip-10-4-1-90")
+_ERRORS = (
+    "timeout talking to upstream {svc} after 30000ms",
+    "deadlock detected while updating ledger_entries for {acct}",
+    "card network returned code 05 (do not honor) for {acct}",
+    "retry budget exhausted for payout {payout} ({acct})",
+    "schema mismatch: field 'settlement_currency' missing in event {event}",
+)
+_CONFIGS = (
+    "/etc/payments/ledger-api/limits.yaml",
+    "/etc/payments/card-auth/routing.toml",
+    "/srv/payout-worker/config/retry_policy.json",
+    "/opt/fx-rates/conf/providers.yaml",
+)
+
+
+@dataclass(frozen=True)
+class LateQuestion:
+    """A question asked at ``seq`` about an identifier first seen at ``first_seen_seq``."""
+
+    seq: int
+    identifier: str
+    first_seen_seq: int
+
+
+@dataclass
+class OpsSession:
+    """One generated session: the conversation and the late questions it contains."""
+
+    name: str
+    conversation: Conversation
+    late_questions: list[LateQuestion] = field(default_factory=list)
+
+
+def _acct(rng: random.Random) -> str:
+    return f"ACCT-{rng.randint(1000, 9999)}"
+
+
+def _ticket(rng: random.Random) -> str:
+    return f"INC-{rng.randint(20000, 99999)}"
+
+
+def _log_output(rng: random.Random, svc: str, acct: str, lines: int) -> str:
+    out = []
+    for i in range(lines):
+        level = rng.choice(("INFO", "INFO", "INFO", "WARN", "ERROR"))
+        msg = (rng.choice(_ERRORS) if level != "INFO" else "handled request in {ms}ms").format(
+            svc=rng.choice(_SERVICES), acct=acct if rng.random() < 0.3 else _acct(rng),
+            payout=f"po_{rng.getrandbits(40):010x}", event=f"evt_{rng.getrandbits(48):012x}",
+            ms=rng.randint(3, 900),
+        )
+        out.append(f"2026-11-29T{8 + i // 3600 % 12:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z "
+                   f"{rng.choice(_HOSTS)} {svc} [{level}] {msg}")
+    return "\n".join(out)
+
+
+def _ticket_output(rng: random.Random, ticket: str, acct: str) -> str:
+    return json.dumps({
+        "id": ticket, "status": rng.choice(("open", "investigating", "waiting-on-customer")),
+        "account": acct, "priority": rng.choice(("P1", "P2", "P3")),
+        "summary": f"Customer {acct} reports failed payouts since the last deploy",
+        "comments": [{"author": rng.choice(("maria", "sam", "jon", "li")),
+                      "text": rng.choice(("Seeing more retries on payout-worker.",
+                                          "Customer escalated via account manager.",
+                                          "Possibly related to the fx-rates provider switch."))}
+                     for _ in range(rng.randint(2, 6))],
+    }, indent=2)
+
+
+def _sql_output(rng: random.Random, acct: str, rows: int) -> str:
+    header = "payout_id          | account   | amount_cents | currency | status   | attempts"
+    body = [f"po_{rng.getrandbits(40):010x} | {acct} | {rng.randint(100, 900000):>12} | "
+            f"{rng.choice(('USD', 'EUR', 'GBP'))}      | {rng.choice(('failed', 'paid', 'retry'))}"
+            f"   | {rng.randint(1, 9)}" for _ in range(rows)]
+    return "\n".join([header, "-" * len(header), *body, f"({rows} rows)"])
+
+
+def _file_output(rng: random.Random, path: str) -> str:
+    keys = ("max_attempts", "backoff_ms", "timeout_ms", "circuit_breaker_threshold", "batch_size")
+    return "\n".join(f"{k}: {rng.randint(1, 5000)}" for k in keys for _ in range(rng.randint(1, 4)))
+
+
+def generate_session(agent: int, turns: int = 160, seed: int = 7) -> OpsSession:
+    """An operations-agent session of ``turns`` tool steps (two messages each, plus questions)."""
+    if turns < 10:
+        raise ValueError(f"turns must be at least 10, got {turns}")
+    rng = random.Random(f"{seed}:{agent}")
+    acct, ticket, path = _acct(rng), _ticket(rng), rng.choice(_CONFIGS)
+    # The task names none of the identifiers: they arrive mid-shift (an escalation in user text,
+    # a file the agent decides to read), so only a window that kept them can answer later.
+    raw: list[dict[str, Any]] = [{"role": "user", "content": (
+        f"Shift handover for agent {agent}: payouts are failing for some customers since the "
+        "last deploy. Watch the payout-worker logs; the shift lead will send escalations.")}]
+    questions: list[LateQuestion] = []
+    first_seen: dict[str, int] = {}
+    escalate_at, config_at = 3, 6
+    ask_at = {int(turns * 0.7): acct, int(turns * 0.85): ticket, turns - 3: path}
+    for step in range(turns):
+        tool_id = f"toolu_{agent:02d}_{step:04d}"
+        kind = rng.choice(("read_logs", "read_logs", "query_ticket", "run_sql", "read_file"))
+        if step == config_at:
+            kind = "read_file"
+        svc = rng.choice(_SERVICES)
+        if kind == "read_logs":
+            tool_input: dict[str, Any] = {"service": svc, "since": f"{rng.randint(5, 120)}m"}
+            output = _log_output(rng, svc, acct, rng.randint(20, 70))
+            thought = f"Checking recent {svc} logs for errors related to {acct}."
+        elif kind == "query_ticket":
+            tid = ticket if rng.random() < 0.4 else _ticket(rng)
+            tool_input = {"ticket_id": tid}
+            output = _ticket_output(rng, tid, acct if tid == ticket else _acct(rng))
+            thought = f"Looking up {tid} for context."
+        elif kind == "run_sql":
+            query = (f"SELECT payout_id, account, amount_cents, currency, status, attempts FROM "
+                     f"payouts WHERE account = '{acct}' ORDER BY created_at DESC LIMIT 40")
+            tool_input = {"query": query}
+            output = _sql_output(rng, acct, rng.randint(10, 40))
+            thought = f"Querying the billing replica for {acct}'s recent payouts."
+        elif step == config_at:
+            first_seen[path] = len(raw)  # the assistant message about to be appended
+            tool_input = {"path": path}
+            output = _file_output(rng, path)
+            thought = f"The payout retry settings live in {path}; reading it."
+        else:
+            p = path if rng.random() < 0.3 else rng.choice(_CONFIGS)
+            tool_input = {"path": p}
+            output = _file_output(rng, p)
+            thought = f"Reading {p} to check the retry settings."
+        raw.append({"role": "assistant", "content": [
+            {"type": "text", "text": thought},
+            {"type": "tool_use", "id": tool_id, "name": kind, "input": tool_input}]})
+        result: list[dict[str, Any]] = [{"type": "tool_result", "tool_use_id": tool_id,
+                                         "content": output,
+                                         **({"is_error": True} if rng.random() < 0.05 else {})}]
+        if step == escalate_at:
+            first_seen[acct] = first_seen[ticket] = len(raw)
+            result.append({"type": "text", "text": (
+                f"Escalation from the shift lead: account {acct} opened ticket {ticket}; their "
+                "payouts have failed since yesterday. Keep both at hand.")})
+        if step in ask_at:
+            ident = ask_at[step]
+            questions.append(LateQuestion(seq=len(raw), identifier=ident,
+                                          first_seen_seq=first_seen[ident]))
+            what = {acct: "the account number of the escalation",
+                    ticket: "the ticket id of the escalation",
+                    path: "the retry config file you read"}[ident]
+            result.append({"type": "text", "text": (
+                f"Shift lead here: remind me, what was {what} early in your shift? Answer from "
+                "your notes before continuing.")})
+        raw.append({"role": "user", "content": result})
+    raw.append({"role": "assistant", "content": [{"type": "text", "text": (
+        f"Summary for the shift lead: {ticket} on {acct} is still open; {path} needs review.")}]})
+    conv = Conversation(system=SYSTEM_PROMPT, messages=parse_messages(raw))
+    return OpsSession(name=f"ops-agent-{agent:02d}", conversation=conv, late_questions=questions)
