@@ -1,0 +1,207 @@
+"""The retention check: a summary must keep the identifiers its span named.
+
+A summary that drops ``ACCT-8842``, ``django/db/models/sql/query.py`` or the URL of the failing
+build is worse than no summary: the agent forgets exactly what it needs to continue. Before a
+summary replaces a span, :func:`extract_identifiers` collects the identifiers the span's own
+messages named and :func:`check_retention` measures how many of them the summary still mentions.
+
+What counts as an identifier (each pattern below says why it is precise enough):
+
+- ticket and record ids: ``ACCT-8842``, ``PROJ-12``, ``CVE-2024-3094``, ``GH-12``, ``gh-12``,
+  ``INC0012345``;
+- file paths: a slash-separated path ending in a file extension (``django/db/models/sql/query.py``)
+  or starting with ``/``, ``./``, ``../`` or ``~/``; a bare file name with a well-known extension
+  (``reproduce_issue.py``);
+- URLs (``http``, ``https``, ``ftp``);
+- issue and pull-request numbers: ``#1234``;
+- hex commit ids of 7 to 40 characters holding both a digit and a letter.
+
+Only text a person or the agent wrote is read: user text, assistant text and the string values
+of ``tool_use`` inputs. Raw tool output is skipped (a directory listing or a traceback names
+hundreds of paths nobody will ask about), and so are summaries and notices (their identifiers are
+the previous summary's business).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .frame import is_summary
+from .messages import Message, TextBlock, ToolUseBlock
+
+__all__ = [
+    "RetentionResult",
+    "check_retention",
+    "extract_identifiers",
+    "find_identifiers",
+    "mentions",
+]
+
+# File extensions a bare file name must carry to count (a slash-separated path may carry any).
+# File extensions a bare file name must carry to count (a slash-separated path may carry any).
+# Extensions that double as common attribute names (``math.log``, ``mock.patch``, ``django.conf``,
+# ``self.h``, ``np.diff``) are left out: without a slash they are more often code than files.
+_BARE_EXTENSIONS = (
+    "cfg", "csv", "html", "ini", "ipynb", "java", "json", "jsonl", "jsx", "md", "php", "py", "pyi",
+    "pyx", "rst", "scss", "sh", "sql", "toml", "tsx", "txt", "yaml", "yml",
+)
+
+_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>\"'`()\[\]{}|\\^]+")
+# Uppercase prefix (maybe several dash-separated parts), a dash, digits: ACCT-8842, CVE-2024-3094.
+_TICKET = re.compile(r"(?<![\w-])(?:[A-Z][A-Z0-9]*[A-Z](?:-[A-Z0-9]+)*|gh|bpo)-[0-9]+(?![\w-])")
+# ServiceNow-style: INC0012345, CHG0001234, RITM0012345.
+_RECORD = re.compile(r"(?<![\w-])[A-Z]{2,5}[0-9]{5,10}(?![\w-])")
+_ISSUE = re.compile(r"(?<![\w&/#])#[0-9]{1,7}(?![\w-])")
+_SHA = re.compile(r"(?<![\w-])[0-9a-f]{7,40}(?![\w-])")
+_PATH_CHARS = r"[\w.@+~-]"
+_PATH = re.compile(
+    rf"(?<![\w./~:-])"
+    rf"(?:"
+    # rooted: /x/y, ./x, ../x, ~/x (at least one path segment after the root)
+    rf"(?:\.{{1,2}}/|~/|/){_PATH_CHARS}+(?:/{_PATH_CHARS}+)*/?"
+    rf"|"
+    # relative with at least one slash, ending in .ext
+    rf"{_PATH_CHARS}+(?:/{_PATH_CHARS}+)+"
+    rf"|"
+    # a bare file name with a well-known extension
+    rf"[\w-][\w.-]*\.(?:{'|'.join(_BARE_EXTENSIONS)})"
+    rf")"
+    rf"(?![\w/(-])"
+)
+_EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,7}$")
+
+# Things that look like identifiers and are not: encodings, hash names, device files.
+_STOP_TICKETS = {"UTF", "UCS", "SHA", "ISO", "AES", "MD", "X", "TLS", "SSL", "HTTP", "IPV", "UTC",
+                 "GMT", "CP", "KOI", "WIN", "LATIN", "BASE"}
+_STOP_PATHS = {"/", "./", "../", "~/"}
+_TRAILING = ".,;:!?)]}'\"`"
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """How many of the span's identifiers a summary kept.
+
+    ``ratio`` is ``len(kept) / len(identifiers)`` (1.0 for no identifiers); ``ok`` is
+    ``ratio >= minimum``.
+    """
+
+    kept: tuple[str, ...]
+    missing: tuple[str, ...]
+    ratio: float
+    ok: bool
+
+
+def _clean_path(raw: str) -> str | None:
+    path = raw.rstrip(".")
+    if path in _STOP_PATHS or path.startswith(("/dev/", "/proc/")):
+        return None
+    rooted = path.startswith(("/", "./", "../", "~/"))
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    if not rooted and not _EXTENSION.search(last):
+        return None
+    if path.startswith("/") and path.rstrip("/").count("/") == 1:
+        # A lone "/word" or "/name.ext" is more often a fragment ("$(pwd)/x.log", a regex, a
+        # unit) than a path someone will ask for; a real absolute path has two segments or more.
+        return None
+    if rooted and not _EXTENSION.search(last) and len(last) == 1:
+        return None  # sed and regex addresses: '/return/p', '/pattern/i'
+    if re.fullmatch(r"[0-9./_-]+", path):  # dates and numbers such as 10/24/2024 or 1.2/3.4
+        return None
+    return path
+
+
+def find_identifiers(text: str) -> list[str]:
+    """Every identifier occurrence in ``text``, in order (repeats included)."""
+    found: list[tuple[int, str]] = []
+    urls = [(m.start(), m.end(), m.group().rstrip(_TRAILING)) for m in _URL.finditer(text)]
+    found.extend((start, url) for start, _, url in urls)
+    # Blank URLs out so their paths, anchors and hashes are not counted a second time.
+    masked = text
+    for start, end, _ in urls:
+        masked = masked[:start] + " " * (end - start) + masked[end:]
+    for pattern in (_TICKET, _RECORD, _ISSUE):
+        for m in pattern.finditer(masked):
+            token = m.group()
+            if pattern is _TICKET and token.rsplit("-", 1)[0] in _STOP_TICKETS:
+                continue
+            found.append((m.start(), token))
+    for m in _SHA.finditer(masked):
+        token = m.group()
+        # Two letters at least: dates and numbers with one stray letter (d20191103) are not shas.
+        if re.search(r"[0-9]", token) and len(re.findall(r"[a-f]", token)) >= 2:
+            found.append((m.start(), token))
+    for m in _PATH.finditer(masked):
+        path = _clean_path(m.group())
+        if path is not None:
+            found.append((m.start(), path))
+    found.sort(key=lambda pair: pair[0])
+    return [token for _, token in found]
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+def _authored_text(message: Message) -> Iterator[str]:
+    for block in message.blocks():
+        if isinstance(block, TextBlock):
+            yield block.text
+        elif isinstance(block, ToolUseBlock):
+            yield from _strings(block.input)
+
+
+def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
+                        limit: int = 40) -> list[str]:
+    """The identifiers ``messages`` named, the most recurring first, at most ``limit``.
+
+    Ties keep the order of first mention. Identifiers that ``exclude`` (an earlier summary's
+    text) already mentions are left out: they are that summary's to keep.
+    """
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    counts: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    for message in messages:
+        if is_summary(message):
+            continue
+        for text in _authored_text(message):
+            for token in find_identifiers(text):
+                counts[token] += 1
+                first.setdefault(token, len(first))
+    ranked = sorted(counts, key=lambda t: (-counts[t], first[t]))
+    if exclude:
+        ranked = [t for t in ranked if not mentions(exclude, t)]
+    return ranked[:limit]
+
+
+def mentions(text: str, identifier: str) -> bool:
+    """True if ``text`` names ``identifier`` as a whole token (``#12`` is not in ``#123``)."""
+    if not identifier:
+        return False
+    head = r"(?<![\w])" if re.match(r"\w", identifier) else ""
+    tail = r"(?![\w])" if re.search(r"\w$", identifier) else ""
+    return re.search(head + re.escape(identifier) + tail, text) is not None
+
+
+def check_retention(summary_text: str, identifiers: Sequence[str],
+                    minimum: float) -> RetentionResult:
+    """Which of ``identifiers`` ``summary_text`` mentions, and whether that is at least
+    ``minimum`` (a fraction in [0, 1]) of them. No identifiers: ratio 1.0, ok."""
+    if not 0 <= minimum <= 1:
+        raise ValueError(f"minimum must be a fraction in [0, 1], got {minimum}")
+    unique = list(dict.fromkeys(identifiers))
+    kept = tuple(i for i in unique if mentions(summary_text, i))
+    missing = tuple(i for i in unique if i not in kept)
+    ratio = len(kept) / len(unique) if unique else 1.0
+    return RetentionResult(kept=kept, missing=missing, ratio=ratio, ok=ratio >= minimum)
