@@ -261,12 +261,14 @@ class AnthropicSummarizer:
             raise InvalidInputError(f"context_tokens must be at least 1000, got {context_tokens}")
         if not timeout > 0:
             raise InvalidInputError(f"timeout must be positive seconds, got {timeout}")
-        if client is None:
-            client = anthropic.Anthropic(api_key=api_key, base_url=base_url,
-                                         http_client=http_client, max_retries=0, timeout=timeout)
-        # Celery owns retries: an SDK retry would hide a 429 from the task's backoff and its cap,
-        # and the SDK honours retry-after without an upper bound.
-        self._client = client.with_options(max_retries=0, timeout=timeout)
+        with _mapped_errors():  # a broken credentials profile fails here, not at the first call
+            if client is None:
+                client = anthropic.Anthropic(api_key=api_key, base_url=base_url,
+                                             http_client=http_client, max_retries=0,
+                                             timeout=timeout)
+            # Celery owns retries: an SDK retry would hide a 429 from the task's backoff and its
+            # cap, and the SDK honours retry-after without an upper bound.
+            self._client = client.with_options(max_retries=0, timeout=timeout)
         self.model = model
         self.max_tokens = max_tokens
         self.context_tokens = context_tokens

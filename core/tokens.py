@@ -106,7 +106,8 @@ class TokenCounter:
 
     def message(self, message: Message) -> int:
         if isinstance(message.content, str) and len(message.content) < 64:
-            return MESSAGE_OVERHEAD + count_text(message.content)
+            # Not worth a cache entry; counted exactly like the one text block it stands for.
+            return MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text(message.content)
         key = _digest(message)
         hit = self._cache.get(key)
         if hit is not None:
