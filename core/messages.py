@@ -18,6 +18,7 @@ role ``"system"``) is converted on load (:func:`from_openai`) and can be written
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
@@ -177,9 +178,30 @@ def _field_path(prefix: str, loc: Sequence[int | str]) -> str:
     return path
 
 
+def _clean_loc(loc: Sequence[int | str]) -> list[int | str]:
+    """The field path without pydantic's union-branch labels (``str``, ``list[...]``, tags)."""
+    out: list[int | str] = []
+    tag_after_index = tag_next = False
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part in ("str", "int", "dict", "list")):
+            tag_next = part.startswith("tagged-union")
+            tag_after_index = part.startswith("list[tagged-union")
+            continue
+        if tag_next:  # the discriminator value pydantic inserts into the path
+            tag_next = False
+            continue
+        out.append(part)
+        if tag_after_index and isinstance(part, int):
+            tag_after_index, tag_next = False, True
+    return out
+
+
 def _first_error(exc: ValidationError) -> tuple[Sequence[int | str], str]:
-    err = exc.errors(include_url=False)[0]
-    return err["loc"], err["msg"]
+    # A union (``str | list[part]``) reports one error per branch; the deepest one is the branch
+    # the input was meant for (a list input fails inside the list, not at "not a string").
+    errors = exc.errors(include_url=False)
+    err = max(errors, key=lambda e: len(e["loc"]))
+    return _clean_loc(err["loc"]), err["msg"]
 
 
 def _parse_block(raw: Any, index: int, position: int) -> Block:
@@ -277,8 +299,8 @@ def check_tool_pairing(messages: Sequence[Message], *, first_index: int = 0,
             missing = set(prev.tool_use_ids()) - set(results)
             if missing:
                 raise ToolPairingError(
-                    f"tool_use id(s) {sorted(missing)} of message {index - 1} are not answered by "
-                    "the next message",
+                    f"tool_use id(s) {sorted(missing)} of the previous message are not answered "
+                    "by this one",
                     index=index,
                 )
         if msg.role == "user" and msg.tool_use_ids():
@@ -330,6 +352,9 @@ def from_openai(raw: list[Any]) -> Conversation:
     """
     system_parts: list[str] = []
     out: list[dict[str, Any]] = []
+    # For each converted message, the OpenAI index of each of its parts (one per tool message
+    # in a group of tool results), so errors found after conversion name the OpenAI input.
+    origins: list[list[int]] = []
     for i, m in enumerate(raw):
         if not isinstance(m, Mapping):
             raise InvalidMessageError(f"a message must be an object, got {type(m).__name__}",
@@ -339,6 +364,7 @@ def from_openai(raw: list[Any]) -> Conversation:
             system_parts.append(_openai_text(m.get("content"), i))
         elif role == "user":
             out.append({"role": "user", "content": _openai_text(m.get("content"), i)})
+            origins.append([i])
         elif role == "assistant":
             blocks: list[dict[str, Any]] = []
             text = _openai_text(m.get("content"), i)
@@ -362,6 +388,7 @@ def from_openai(raw: list[Any]) -> Conversation:
             if not blocks:
                 blocks.append({"type": "text", "text": ""})
             out.append({"role": "assistant", "content": blocks})
+            origins.append([i])
         elif role == "tool":
             if not m.get("tool_call_id"):
                 raise InvalidMessageError("field required", index=i, field="tool_call_id")
@@ -372,14 +399,36 @@ def from_openai(raw: list[Any]) -> Conversation:
                 b.get("type") == "tool_result" for b in last["content"]
             ):
                 last["content"].append(block)
+                origins[-1].append(i)
             else:
                 out.append({"role": "user", "content": [block]})
+                origins.append([i])
         else:
             raise InvalidMessageError(
                 f"role must be system, developer, user, assistant or tool, got {role!r}",
                 index=i, field="role",
             )
-    return Conversation(system="\n\n".join(system_parts), messages=parse_messages(out))
+    try:
+        messages = parse_messages(out)
+    except InvalidMessageError as exc:
+        raise _in_openai_terms(exc, out, origins) from None
+    return Conversation(system="\n\n".join(system_parts), messages=messages)
+
+
+def _in_openai_terms(exc: InvalidMessageError, out: list[dict[str, Any]],
+                     origins: list[list[int]]) -> InvalidMessageError:
+    """Re-address an error found in the converted messages to the OpenAI input."""
+    if exc.index is None or not 0 <= exc.index < len(origins):
+        return exc
+    sources = origins[exc.index]
+    index, field = sources[0], exc.field
+    part = re.match(r"content\[(\d+)\]", field or "")
+    grouped = isinstance(out[exc.index]["content"], list) and all(
+        b.get("type") == "tool_result" for b in out[exc.index]["content"])
+    if grouped and part is not None and int(part[1]) < len(sources):
+        index = sources[int(part[1])]
+        field = "tool_call_id" if (field or "").endswith("tool_use_id") else "content"
+    return type(exc)(exc.reason, index=index, field=field)
 
 
 def to_openai(conversation: Conversation) -> list[dict[str, Any]]:

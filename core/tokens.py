@@ -171,7 +171,8 @@ class Calibration(BaseModel):
 
     ``b`` absorbs what the estimate cannot see (system prompt, tool definitions, framing);
     ``a`` the tokenizer difference. With too little spread in the samples the slope is held at
-    ``a`` and only the offset moves. Zero, negative and non-finite samples are ignored.
+    ``a`` and only the offset moves. Zero, negative, non-finite and implausibly large (over a
+    billion tokens) samples are ignored.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -190,6 +191,9 @@ class Calibration(BaseModel):
     B_MIN: ClassVar[float] = -2000.0
     B_MAX: ClassVar[float] = 100_000.0
     ALPHA: ClassVar[float] = 0.2
+    #: No context window holds a billion tokens: a larger sample is garbage (and its square
+    #: would overflow the moments), so it is ignored like a zero.
+    SAMPLE_MAX: ClassVar[float] = 1e9
 
     def predict(self, estimate: int | float) -> int:
         if self.samples == 0:
@@ -199,7 +203,7 @@ class Calibration(BaseModel):
     def observe(self, estimate: int | float, reported: int | float) -> Calibration:
         """A new calibration including one sample; the old one if the sample is unusable."""
         x, y = float(estimate), float(reported)
-        if not (math.isfinite(x) and math.isfinite(y)) or x <= 0 or y <= 0:
+        if not (0 < x <= self.SAMPLE_MAX and 0 < y <= self.SAMPLE_MAX):  # also rejects NaN
             return self
         if self.samples == 0:
             a = min(max(y / x, self.A_MIN), self.A_MAX)

@@ -1,0 +1,190 @@
+"""Token estimates, the per-session calibration, and the provider-reported prompt size."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from anthropic.types import Usage
+from hypothesis import given
+from hypothesis import strategies as st
+from sessionfold.core.errors import UsageUnmeasurableError
+from sessionfold.core.messages import (
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from sessionfold.core.tokens import (
+    BLOCK_OVERHEAD,
+    IMAGE_TOKENS,
+    MESSAGE_OVERHEAD,
+    Calibration,
+    TokenCounter,
+    count_text,
+    default_counter,
+    reported_prompt_tokens,
+)
+
+# --- estimates -----------------------------------------------------------------------------------
+
+def test_count_text_uses_the_offline_encoding() -> None:
+    assert count_text("") == 0
+    assert count_text("hello world") == 2
+    # Special-token text is counted as plain text, never raises.
+    assert count_text("<|endoftext|>") > 1
+
+
+def test_message_framing_is_added_per_message_and_per_block() -> None:
+    counter = TokenCounter()
+    text = "The quick brown fox jumps over the lazy dog."
+    one = Message(role="user", content=[TextBlock(text=text)])
+    two = Message(role="user", content=[TextBlock(text=text), TextBlock(text=text)])
+    assert counter.message(one) == MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text(text)
+    assert counter.message(two) == MESSAGE_OVERHEAD + 2 * (BLOCK_OVERHEAD + count_text(text))
+
+
+@pytest.mark.parametrize("length", [1, 10, 63, 64, 65, 500])
+def test_string_content_counts_like_one_text_block(length: int) -> None:
+    text = ("abc " * 200)[:length]
+    counter = TokenCounter()
+    assert counter.message(Message(role="user", content=text)) == counter.message(
+        Message(role="user", content=[TextBlock(text=text)]))
+
+
+def test_tool_blocks_and_images_are_counted() -> None:
+    counter = TokenCounter()
+    call = Message(role="assistant", content=[
+        ToolUseBlock(id="t1", name="bash", input={"command": "ls -la"})])
+    result = Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="x " * 300)])
+    image = Message(role="user", content=[ImageBlock(source={"type": "base64", "data": "A"})])
+    assert counter.message(call) > MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text("bash")
+    assert counter.message(result) >= 300
+    assert counter.message(image) == MESSAGE_OVERHEAD + BLOCK_OVERHEAD + IMAGE_TOKENS
+
+
+def test_counts_are_cached_by_content_and_the_cache_is_bounded() -> None:
+    counter = TokenCounter(cache_size=2)
+    msgs = [Message(role="user", content=f"message number {i} " * 10) for i in range(4)]
+    first = [counter.message(m) for m in msgs]
+    assert len(counter._cache) == 2
+    assert [counter.message(m) for m in msgs] == first
+    assert counter.messages(msgs) == sum(first)
+    # An equal message built separately hits the same entry.
+    assert counter.message(Message(role="user", content="message number 3 " * 10)) == first[3]
+
+
+def test_system_prompt_tokens() -> None:
+    counter = default_counter()
+    assert counter.system("") == 0
+    assert counter.system("You are terse.") == count_text("You are terse.") + MESSAGE_OVERHEAD
+    assert default_counter() is counter
+
+
+# --- calibration ---------------------------------------------------------------------------------
+
+def test_uncalibrated_prediction_is_the_estimate() -> None:
+    assert Calibration().predict(12_345) == 12_345
+
+
+def test_first_sample_sets_the_ratio() -> None:
+    cal = Calibration().observe(10_000, 13_000)
+    assert (cal.a, cal.b, cal.samples) == (1.3, 0.0, 1)
+    assert cal.predict(20_000) == 26_000
+
+
+def test_fits_slope_and_offset_of_a_linear_relation() -> None:
+    cal = Calibration()
+    for x in [10_000, 20_000, 30_000, 40_000, 15_000] * 4:
+        cal = cal.observe(x, 1.2 * x + 3_000)
+    assert cal.a == pytest.approx(1.2)
+    assert cal.b == pytest.approx(3_000)
+    assert cal.predict(25_000) == 33_000
+
+
+def test_without_spread_the_slope_holds_and_predictions_match() -> None:
+    cal = Calibration()
+    for _ in range(10):
+        cal = cal.observe(10_000, 14_000)
+    assert cal.predict(10_000) == 14_000
+
+
+@pytest.mark.parametrize(("estimate", "reported"), [
+    (0, 1000), (1000, 0), (-5, 1000), (1000, -5), (math.nan, 1000), (1000, math.nan),
+    (math.inf, 1000), (1000, math.inf), (3e155, 1000), (1000, 2e9),
+])
+def test_zero_negative_and_non_finite_samples_are_ignored(estimate: float,
+                                                          reported: float) -> None:
+    fresh = Calibration()
+    assert fresh.observe(estimate, reported) is fresh
+    fitted = Calibration().observe(10_000, 12_000).observe(20_000, 23_000)
+    assert fitted.observe(estimate, reported) is fitted
+
+
+def test_slope_and_offset_are_clamped() -> None:
+    cal = Calibration()
+    for _ in range(20):
+        cal = cal.observe(10_000, 1_000_000)
+    assert (cal.a, cal.b) == (Calibration.A_MAX, Calibration.B_MAX)
+    low = Calibration().observe(10_000, 10)
+    assert low.a == Calibration.A_MIN
+
+
+def test_calibration_round_trips_through_json() -> None:
+    cal = Calibration().observe(10_000, 12_000).observe(30_000, 33_000)
+    assert Calibration(**cal.to_json()) == cal
+
+
+_sample = st.tuples(
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+              st.integers(min_value=-10, max_value=10**7)),
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+              st.integers(min_value=-10, max_value=10**7)),
+)
+
+
+@given(st.lists(_sample, max_size=40), st.integers(min_value=0, max_value=10**7))
+def test_any_sample_stream_keeps_the_fit_finite_and_clamped(samples: list[tuple[Any, Any]],
+                                                            estimate: int) -> None:
+    cal = Calibration()
+    for x, y in samples:
+        cal = cal.observe(x, y)
+    assert Calibration.A_MIN <= cal.a <= Calibration.A_MAX
+    assert Calibration.B_MIN <= cal.b <= Calibration.B_MAX
+    prediction = cal.predict(estimate)
+    assert isinstance(prediction, int) and prediction >= 0
+
+
+# --- reported usage ----------------------------------------------------------------------------
+
+def test_reported_prompt_size_sums_input_and_cache_tokens() -> None:
+    usage = Usage(input_tokens=100, output_tokens=5, cache_read_input_tokens=1000,
+                  cache_creation_input_tokens=50)
+    assert reported_prompt_tokens(usage) == 1150
+    assert reported_prompt_tokens({"input_tokens": 100, "cache_read_input_tokens": None,
+                                   "output_tokens": 9}) == 100
+
+
+def test_openai_prompt_tokens_are_read() -> None:
+    assert reported_prompt_tokens({"prompt_tokens": 4321, "completion_tokens": 10}) == 4321
+
+
+@pytest.mark.parametrize("usage", [
+    Usage(input_tokens=0, output_tokens=5),
+    {"input_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
+    {"input_tokens": math.nan},
+    {"input_tokens": "lots"},
+    {},
+    None,
+])
+def test_a_zero_report_is_unmeasurable(usage: Any) -> None:
+    with pytest.raises(UsageUnmeasurableError, match="measure='estimate'"):
+        reported_prompt_tokens(usage)
+    assert reported_prompt_tokens(usage, measure="estimate") is None
+
+
+def test_bad_fields_do_not_poison_good_ones() -> None:
+    assert reported_prompt_tokens({"input_tokens": 10, "cache_read_input_tokens": math.inf,
+                                   "cache_creation_input_tokens": -3}) == 10
