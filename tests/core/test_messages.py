@@ -93,7 +93,13 @@ def test_code_built_blocks_dump_their_type_and_load_back() -> None:
     assert parse_message(dumped) == msg
 
 
-@pytest.mark.parametrize("path", sorted(TRANSCRIPTS.glob("*.json")), ids=lambda p: p.stem)
+def transcript_paths() -> list[Path]:
+    paths = sorted(TRANSCRIPTS.glob("*.json"))
+    assert paths, f"no transcripts under {TRANSCRIPTS}"
+    return paths
+
+
+@pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
 def test_real_transcripts_load_and_round_trip(path: Path) -> None:
     raw = json.loads(path.read_text())
     conv = load_conversation_file(path)
