@@ -46,6 +46,14 @@ class FoldPolicy(BaseModel):
         except ValidationError as exc:
             raise InvalidPolicyError(_explain(exc)) from None
 
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> FoldPolicy:
+        """Like pydantic's, but invalid values raise InvalidPolicyError (as the constructor does)."""
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise InvalidPolicyError(_explain(exc)) from None
+
     @model_validator(mode="after")
     def _check(self) -> FoldPolicy:
         if self.budget_tokens < 1000:
@@ -87,7 +95,9 @@ class FoldPolicy(BaseModel):
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FoldPolicy:
-        return cls(**data)
+        if not isinstance(data, dict):
+            raise InvalidPolicyError(f"a policy is a JSON object, got {type(data).__name__}")
+        return cls.model_validate(data)
 
 
 def _explain(exc: ValidationError) -> str:
