@@ -1,0 +1,50 @@
+# sessionfold: the two commands a newcomer runs.
+#
+#   make demo   create .venv if needed, then fold the bundled example session and report
+#   make test   create .venv if needed, then ruff, mypy --strict and pytest
+#
+# The virtualenv is (re)installed only when pyproject.toml is newer than its stamp, so both
+# targets are cheap once it exists. PYTHON picks the interpreter that creates it (3.11+).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.sessionfold-installed
+EXAMPLE := workers/examples/ops-incident-acct-8842.json
+PYTEST_ARGS ?=
+NEED_311 := import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
+
+.PHONY: demo test lint typecheck pytest bench clean-venv
+
+demo: $(STAMP)
+	$(BIN)/sessionfold compact $(EXAMPLE) --report
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# mypy --strict over sessionfold.core, .store and .workers under their import names.
+typecheck: $(STAMP)
+	PYTHON=$(BIN)/python bash tools/typecheck.sh
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_compact.py
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(BIN)/python ]; then \
+	  $(PYTHON) -c '$(NEED_311)' || { echo "sessionfold needs Python 3.11 or newer;" \
+	    "'$(PYTHON)' is $$($(PYTHON) --version 2>&1). Try: make $(MAKECMDGOALS) PYTHON=python3.11" >&2; \
+	    exit 1; }; \
+	  echo "creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); \
+	fi
+	@$(BIN)/python -c '$(NEED_311)' || { echo "$(VENV) holds $$($(BIN)/python --version);" \
+	  "sessionfold needs 3.11 or newer: make clean-venv, then retry" >&2; exit 1; }
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+clean-venv:
+	rm -rf $(VENV)
