@@ -52,6 +52,11 @@ class FoldPolicy(BaseModel):
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
+            # pydantic runs the custom __init__ and wraps what it raised: unwrap ours.
+            for err in exc.errors(include_url=False):
+                inner = (err.get("ctx") or {}).get("error")
+                if isinstance(inner, InvalidPolicyError):
+                    raise inner from None
             raise InvalidPolicyError(_explain(exc)) from None
 
     @model_validator(mode="after")
