@@ -198,9 +198,12 @@ def environment() -> str:
             versions.append(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             versions.append(f"{dist} (not installed)")
+    # The machine is shared: the load average says how much the numbers may be inflated.
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"Machine: {os.cpu_count()} cores ({cpu}), {platform.system()} "
             f"{platform.release()}; Python {platform.python_version()}; "
-            + ", ".join(versions) + f". Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.")
+            + ", ".join(versions) + f". Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+            f"load average {load} (1, 5, 15 min) when the table was written.")
 
 
 def update_results(section_body: str, results: Path = RESULTS) -> None:
