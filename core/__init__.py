@@ -1,1 +1,168 @@
-# core
+"""sessionfold.core: the pure fold engine (no I/O but the summarizer call).
+
+The public API in one place::
+
+    from sessionfold.core import FoldPolicy, ExtractiveSummarizer, compact, load_conversation_file
+
+    conv = load_conversation_file("session.json")
+    result = compact(conv.messages, FoldPolicy(budget_tokens=32_000), ExtractiveSummarizer(),
+                     system=conv.system)
+    result.messages, result.record, result.spans
+
+The store and the workers use :func:`fold_window` on stored window items; see
+``docs/internals.md``.
+"""
+
+from .compact import CompactResult, FoldResult, compact, fold_window
+from .errors import (
+    ContextOverflowError,
+    DiscardedOriginalsError,
+    InvalidInputError,
+    InvalidMessageError,
+    InvalidPolicyError,
+    PermanentSummarizerError,
+    SchemaError,
+    SessionfoldError,
+    SessionNotFoundError,
+    StaleSpanError,
+    SummarizerError,
+    ToolPairingError,
+    TransientSummarizerError,
+    UsageUnmeasurableError,
+)
+from .frame import (
+    fingerprint,
+    frame_info,
+    is_summary,
+    notice_message,
+    summary_body,
+    summary_message,
+)
+from .layers import clip_oversized, drop_thinking, mask_tool_results
+from .messages import (
+    Block,
+    Conversation,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    check_tool_pairing,
+    dump_messages,
+    from_openai,
+    load_conversation,
+    load_conversation_file,
+    parse_message,
+    parse_messages,
+    to_openai,
+)
+from .overflow import is_context_overflow, overflow_tokens
+from .policy import LAYERS, FoldPolicy, LayerName
+from .retention import RetentionResult, check_retention, extract_identifiers
+from .summarizers import (
+    DEFAULT_MODEL,
+    AnthropicSummarizer,
+    ExtractiveSummarizer,
+    Summarizer,
+    Summary,
+)
+from .tokens import Calibration, TokenCounter, default_counter, reported_prompt_tokens
+from .turns import Protection, Run, Turn, foldable_runs, group_turns, protect
+from .window import (
+    CompactionRecord,
+    FoldEdit,
+    FoldedSpan,
+    Outcome,
+    Refusal,
+    RefusalReason,
+    SummarizerUsage,
+    Trigger,
+    WindowItem,
+    items_from_messages,
+    window_messages,
+)
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LAYERS",
+    "AnthropicSummarizer",
+    "Block",
+    "Calibration",
+    "CompactResult",
+    "CompactionRecord",
+    "ContextOverflowError",
+    "Conversation",
+    "DiscardedOriginalsError",
+    "DocumentBlock",
+    "ExtractiveSummarizer",
+    "FoldEdit",
+    "FoldPolicy",
+    "FoldResult",
+    "FoldedSpan",
+    "ImageBlock",
+    "InvalidInputError",
+    "InvalidMessageError",
+    "InvalidPolicyError",
+    "LayerName",
+    "Message",
+    "Outcome",
+    "PermanentSummarizerError",
+    "Protection",
+    "RedactedThinkingBlock",
+    "Refusal",
+    "RefusalReason",
+    "RetentionResult",
+    "Run",
+    "SchemaError",
+    "SessionNotFoundError",
+    "SessionfoldError",
+    "StaleSpanError",
+    "Summarizer",
+    "SummarizerError",
+    "SummarizerUsage",
+    "Summary",
+    "TextBlock",
+    "ThinkingBlock",
+    "TokenCounter",
+    "ToolPairingError",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "TransientSummarizerError",
+    "Trigger",
+    "Turn",
+    "UsageUnmeasurableError",
+    "WindowItem",
+    "check_retention",
+    "check_tool_pairing",
+    "clip_oversized",
+    "compact",
+    "default_counter",
+    "drop_thinking",
+    "dump_messages",
+    "extract_identifiers",
+    "fingerprint",
+    "fold_window",
+    "foldable_runs",
+    "frame_info",
+    "from_openai",
+    "group_turns",
+    "is_context_overflow",
+    "is_summary",
+    "items_from_messages",
+    "load_conversation",
+    "load_conversation_file",
+    "mask_tool_results",
+    "notice_message",
+    "overflow_tokens",
+    "parse_message",
+    "parse_messages",
+    "protect",
+    "reported_prompt_tokens",
+    "summary_body",
+    "summary_message",
+    "to_openai",
+    "window_messages",
+]

@@ -1,0 +1,228 @@
+"""Turns, protection, and the runs of window history a fold may take.
+
+A *turn* is one assistant message together with the user message that answers its tool calls
+(the next message, whenever it holds a ``tool_result``, even beside text). A user message without
+tool results stands alone, and so does a summary or notice item. Cuts fall only between turns, so
+a ``tool_use`` and its ``tool_result`` are never separated::
+
+    [user task] [asst+tool_use, user tool_result] [asst+tool_use, user tool_result] [user] ...
+      turn 0             turn 1                            turn 2                  turn 3
+
+Protection names why a turn may not be folded (refusals are data, not log lines):
+
+- ``first-user``: the task, the first user message that is not a summary (``keep_first_user``);
+- ``pinned``: a turn holding a seq the caller pinned;
+- ``unresolved-tool-call``: a turn whose ``tool_use`` has no ``tool_result`` yet;
+- ``inside-keep-window``: the last ``keep_recent_turns`` turns. They are counted as *assistant
+  messages* from the end, because a tool-using agent sends one request and then hundreds of tool
+  steps (counting user requests would protect the whole run). When the oldest kept assistant
+  message directly follows a plain user message (a chat question), the window starts at that
+  question, so an answer is never kept without the question it answers.
+
+Protection is keyed by seq, not by position, so it stays valid while a fold replaces items.
+A *run* is a maximal stretch of consecutive unprotected turns; a fold takes the oldest one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from .messages import Message
+from .policy import FoldPolicy
+from .window import Refusal, RefusalReason, WindowItem
+
+__all__ = [
+    "Protection",
+    "Run",
+    "Turn",
+    "foldable_runs",
+    "group_turns",
+    "protect",
+    "protection_refusals",
+]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Consecutive window items that a fold keeps or takes together.
+
+    ``index`` is the position of the first item in the window the turn was grouped from.
+    """
+
+    index: int
+    items: tuple[WindowItem, ...]
+
+    @property
+    def start_seq(self) -> int:
+        return self.items[0].start_seq
+
+    @property
+    def end_seq(self) -> int:
+        return self.items[-1].end_seq
+
+    @property
+    def stop(self) -> int:
+        """Position just after the turn's last item."""
+        return self.index + len(self.items)
+
+    @property
+    def is_fold(self) -> bool:
+        """A summary or notice left by an earlier fold."""
+        return self.items[0].kind != "message"
+
+    @property
+    def is_summary(self) -> bool:
+        return self.items[0].kind == "summary"
+
+    def unresolved_tool_use_ids(self) -> list[str]:
+        """Ids of tool calls in this turn that no tool_result of this turn answers."""
+        asked = [i for item in self.items if item.message.role == "assistant"
+                 for i in item.message.tool_use_ids()]
+        if not asked:
+            return []
+        answered = {i for item in self.items for i in item.message.tool_result_ids()}
+        return [i for i in asked if i not in answered]
+
+
+def _answers(message: Message) -> bool:
+    return message.role == "user" and message.has_tool_results()
+
+
+def group_turns(items: Sequence[WindowItem]) -> list[Turn]:
+    """Group window items into turns (see the module docstring)."""
+    turns: list[Turn] = []
+    i = 0
+    while i < len(items):
+        item = items[i]
+        size = 1
+        if (item.kind == "message" and item.message.role == "assistant"
+                and i + 1 < len(items) and items[i + 1].kind == "message"
+                and _answers(items[i + 1].message)):
+            size = 2
+        turns.append(Turn(i, tuple(items[i:i + size])))
+        i += size
+    return turns
+
+
+@dataclass(frozen=True)
+class Protection:
+    """Why turns may not be folded, keyed by seq so it survives edits to the window."""
+
+    first_user_seq: int | None = None
+    #: Every item starting at or after this seq is inside the keep window (None: no keep window).
+    keep_from_seq: int | None = None
+    unresolved_seqs: frozenset[int] = frozenset()
+    pinned: frozenset[int] = frozenset()
+
+    def reason(self, turn: Turn) -> RefusalReason | None:
+        """The reason ``turn`` may not be folded, or None if it may."""
+        if self.first_user_seq is not None and any(
+            item.start_seq == self.first_user_seq and item.kind == "message"
+            for item in turn.items
+        ):
+            return "first-user"
+        if self.pinned and any(
+            s in self.pinned for item in turn.items
+            for s in range(item.start_seq, item.end_seq + 1)
+        ):
+            return "pinned"
+        if any(item.start_seq in self.unresolved_seqs for item in turn.items):
+            return "unresolved-tool-call"
+        if self.keep_from_seq is not None and turn.end_seq >= self.keep_from_seq:
+            return "inside-keep-window"
+        return None
+
+
+def _keep_from_seq(turns: Sequence[Turn], keep_recent_turns: int) -> int | None:
+    if keep_recent_turns <= 0:
+        return None
+    seen = 0
+    for pos in range(len(turns) - 1, -1, -1):
+        turn = turns[pos]
+        if turn.is_fold:
+            continue
+        seen += sum(1 for item in turn.items if item.message.role == "assistant")
+        if seen >= keep_recent_turns:
+            before = turns[pos - 1] if pos > 0 else None
+            if (before is not None and not before.is_fold and len(before.items) == 1
+                    and before.items[0].message.role == "user"):
+                return before.start_seq  # the question this kept answer replies to
+            return turn.start_seq
+    # Fewer assistant messages than the keep window holds: all of it is kept.
+    return turns[0].start_seq if turns else None
+
+
+def protect(items: Sequence[WindowItem], policy: FoldPolicy,
+            pinned: Collection[int] = ()) -> Protection:
+    """Work out what ``policy`` and the caller's pins protect in ``items``."""
+    turns = group_turns(items)
+    first_user: int | None = None
+    if policy.keep_first_user:
+        first_user = next((item.start_seq for item in items
+                           if item.kind == "message" and item.message.role == "user"), None)
+    unresolved = frozenset(turn.start_seq for turn in turns if turn.unresolved_tool_use_ids())
+    return Protection(first_user_seq=first_user,
+                      keep_from_seq=_keep_from_seq(turns, policy.keep_recent_turns),
+                      unresolved_seqs=unresolved, pinned=frozenset(pinned))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A maximal stretch of consecutive foldable turns; maybe headed by an earlier summary."""
+
+    turns: tuple[Turn, ...]
+
+    @property
+    def start_seq(self) -> int:
+        return self.turns[0].start_seq
+
+    @property
+    def end_seq(self) -> int:
+        return self.turns[-1].end_seq
+
+    @property
+    def head(self) -> Turn | None:
+        """The earlier summary or notice at the head of the run, if there is one."""
+        return self.turns[0] if self.turns[0].is_fold else None
+
+    @property
+    def body(self) -> tuple[Turn, ...]:
+        """The turns after the head: what a new fold of this run may take."""
+        return self.turns[1:] if self.head is not None else self.turns
+
+
+def foldable_runs(turns: Sequence[Turn], protection: Protection) -> list[Run]:
+    """The runs of consecutive unprotected turns, oldest first.
+
+    A summary or notice *inside* a run (left there when the caller's pins changed) stays part of
+    the run: a fold that reaches it takes it along as one more message of the span.
+    """
+    runs: list[Run] = []
+    current: list[Turn] = []
+    for turn in turns:
+        if protection.reason(turn) is None:
+            current.append(turn)
+            continue
+        if current:
+            runs.append(Run(tuple(current)))
+        current = []
+    if current:
+        runs.append(Run(tuple(current)))
+    return runs
+
+
+def protection_refusals(turns: Sequence[Turn], protection: Protection) -> list[Refusal]:
+    """One refusal per stretch of consecutive turns protected for the same reason."""
+    refusals: list[Refusal] = []
+    for turn in turns:
+        reason = protection.reason(turn)
+        if reason is None:
+            continue
+        last = refusals[-1] if refusals else None
+        if last is not None and last.reason == reason and last.end_seq == turn.start_seq - 1:
+            refusals[-1] = last.model_copy(update={"end_seq": turn.end_seq})
+        else:
+            refusals.append(Refusal(reason=reason, start_seq=turn.start_seq,
+                                    end_seq=turn.end_seq))
+    return refusals
