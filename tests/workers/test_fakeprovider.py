@@ -1,0 +1,121 @@
+"""The scripted provider behaves like the Anthropic Messages API as the real SDK sees it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+from sessionfold.core.messages import load_conversation_file
+from sessionfold.core.tokens import default_counter
+from sessionfold.workers.fakeprovider import FakeProvider, Fault
+
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "transcripts"
+
+
+def _request(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_usage_is_counted_by_its_own_ratio_not_the_estimator() -> None:
+    conv = load_conversation_file(TRANSCRIPTS / "django__django-15554.json")
+    messages = [m.to_json() for m in conv.messages[:40]]
+    provider = FakeProvider(context_window=1_000_000, chars_per_token=3.6, overhead_tokens=400)
+    reply = provider(conv.system, messages)
+    reported = reply.usage.input_tokens
+    estimate = default_counter().messages(conv.messages[:40]) + default_counter().system(
+        conv.system)
+    assert reported == provider.count_tokens({"system": conv.system, "messages": messages})
+    # Calibration has something to learn: the two counts differ by more than rounding.
+    assert abs(reported - estimate) > 0.05 * estimate
+    # The fixed overhead is in every count: an empty-ish request costs at least that.
+    assert provider("", _request("hi")).usage.input_tokens >= 400
+
+
+def test_request_over_the_context_window_gets_anthropics_own_400() -> None:
+    provider = FakeProvider(context_window=2_000)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        provider("", _request("word " * 5_000))
+    err = info.value
+    assert err.status_code == 400
+    assert err.type == "invalid_request_error"
+    n = provider.stats.max_prompt_tokens
+    assert err.api_message == f"prompt is too long: {n} tokens > 2000 maximum"
+    assert err.body == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": f"prompt is too long: {n} tokens > 2000 maximum"}}
+    # A request that fits still succeeds afterwards.
+    assert provider("", _request("short")).usage.input_tokens < 2_000
+
+
+def test_script_answers_529_three_times_then_serves() -> None:
+    provider = FakeProvider()
+    provider.script(Fault.overloaded(), Fault.overloaded(), Fault.overloaded())
+    for _ in range(3):
+        with pytest.raises(anthropic.OverloadedError):
+            provider("", _request("x"))
+    assert provider("", _request("x")).content[0].type == "text"
+    assert provider.stats.by_status[529] == 3
+    assert provider.stats.succeeded == 1
+
+
+def test_rate_limit_carries_retry_after_and_bad_request_can_be_permanent() -> None:
+    provider = FakeProvider()
+    provider.script(Fault.rate_limited(retry_after=2))
+    with pytest.raises(anthropic.RateLimitError) as info:
+        provider("", _request("x"))
+    assert info.value.response.headers["retry-after"] == "2"
+    provider.fail_always(Fault.bad_request())
+    for _ in range(2):
+        with pytest.raises(anthropic.BadRequestError):
+            provider("", _request("x"))
+    provider.fail_always(None)
+    provider("", _request("x"))
+
+
+def test_http_server_speaks_the_messages_api_to_the_real_sdk() -> None:
+    provider = FakeProvider()
+    provider.script(Fault.overloaded(), Fault.overloaded())
+    with provider.serve() as server:
+        # The SDK's own retries (2 by default) ride through two 529s.
+        client = anthropic.Anthropic(api_key="sk-test", base_url=server.base_url, max_retries=2,
+                                     timeout=10)
+        reply = client.messages.create(model="claude-test", max_tokens=64,
+                                       messages=_request("hello over http"))
+        counted = client.messages.count_tokens(model="claude-test",
+                                               messages=_request("hello over http"))
+    assert provider.stats.calls == 3
+    assert reply.model == "claude-test"
+    assert reply.usage.input_tokens == counted.input_tokens
+
+
+def test_prompt_cache_splits_the_same_total() -> None:
+    provider = FakeProvider()
+    head = {"type": "text", "text": "stable head " * 200, "cache_control": {"type": "ephemeral"}}
+    messages = [{"role": "user", "content": [head]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "next question"}]
+    first = provider("sys", messages).usage
+    second = provider("sys", messages).usage
+    assert first.cache_creation_input_tokens and not first.cache_read_input_tokens
+    assert second.cache_read_input_tokens == first.cache_creation_input_tokens
+    total = [u.input_tokens + (u.cache_read_input_tokens or 0)
+             + (u.cache_creation_input_tokens or 0) for u in (first, second)]
+    assert total[0] == total[1] == provider.count_tokens({"system": "sys", "messages": messages})
+
+
+def test_bad_json_and_unknown_routes_are_errors_not_crashes() -> None:
+    provider = FakeProvider()
+    assert provider.handle("/v1/nothing", {})[0] == 404
+    status, _, body = provider.handle("/v1/messages", {"messages": "not a list"})
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, _, body = provider.handle("/v1/messages", {"messages": [{"role": "system",
+                                                                     "content": "x"}]})
+    assert status == 400 and "role" in body["error"]["message"]
+    with provider.serve() as server:
+        answer = httpx2.post(f"{server.base_url}/v1/messages", content=b"{not json",
+                             headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and json.loads(answer.content)["type"] == "error"

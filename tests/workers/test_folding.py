@@ -1,0 +1,259 @@
+"""The shared fold procedure against a real store (SQLite and PostgreSQL): claim, fold, commit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from pipeline_harness import (
+    PostgresDatabases,
+    postgres_dbs,  # noqa: F401 (a fixture)
+    transcript_session,
+    wait_until,
+)
+from sessionfold.core.errors import PermanentSummarizerError, TransientSummarizerError
+from sessionfold.core.messages import Message
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
+from sessionfold.store import SessionStore
+from sessionfold.workers.folding import (
+    PAUSE_AT_ENV,
+    PAUSE_MARKER_ENV,
+    FoldJob,
+    run_fold,
+    store_job_id,
+)
+
+SID = "agent-fold"
+POLICY = FoldPolicy(budget_tokens=8000)
+
+
+class ScriptedSummarizer:
+    """The extractive summarizer, counting calls; can fail or run a callback on its first call."""
+
+    model = "scripted-extractive"
+    context_tokens = 1_000_000
+
+    def __init__(self, errors: Sequence[Exception] = (),
+                 on_first_call: Callable[[], None] | None = None) -> None:
+        self.inner = ExtractiveSummarizer()
+        self.calls = 0
+        self.errors = list(errors)
+        self.on_first_call = on_first_call
+
+    def summarize(self, messages: Sequence[Message], *, previous_summary: str | None = None,
+                  must_keep: Sequence[str] = ()) -> Summary:
+        self.calls += 1
+        if self.on_first_call is not None:
+            callback, self.on_first_call = self.on_first_call, None
+            callback()  # runs while this fold is planned and unpaid-for: no transaction is open
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.inner.summarize(messages, previous_summary=previous_summary,
+                                    must_keep=must_keep)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+        with SessionStore.from_url(url) as s:
+            s.migrate()
+    else:
+        dbs: PostgresDatabases = request.getfixturevalue("postgres_dbs")
+        url = dbs.create()
+    with SessionStore.from_url(url) as s:
+        yield s
+
+
+@pytest.fixture
+def session(store: SessionStore) -> list[Message]:
+    """An agent session well over its trigger: 60 messages of a real transcript."""
+    conv = transcript_session("django__django-15554", 60)
+    store.create_session(SID, POLICY, conv.system)
+    store.append(SID, conv.messages)
+    assert store.get_session(SID).over_budget
+    return conv.messages
+
+
+def _summaries(store: SessionStore) -> int:
+    return sum(1 for item in store.read_window(SID).items if item.kind == "summary")
+
+
+def test_fold_commits_a_summary_and_leaves_the_ledger_whole(
+        store: SessionStore, session: list[Message]) -> None:
+    summarizer = ScriptedSummarizer()
+    report = run_fold(store, summarizer, FoldJob(SID, "job-1"))
+    assert report.outcome == "folded" and report.claim == "claimed"
+    assert report.spans >= 1 and report.summarizer_calls == summarizer.calls >= 1
+    assert report.tokens_after is not None and report.tokens_before is not None
+    assert report.tokens_after < report.tokens_before
+    assert _summaries(store) == 1
+    assert [e.message for e in store.read_ledger(SID)] == session
+    spans = store.spans(SID)
+    assert [s.job_id for s in spans] == ["job-1"] * len(spans)
+    assert store.recover(SID, spans[0].start_seq, spans[0].end_seq) == \
+        session[spans[0].start_seq:spans[0].end_seq + 1]
+    info = store.get_session(SID)
+    assert info.claimed_by is None and info.last_visit_outcome == "folded"
+    assert report.to_json()["session"] == SID and report.to_json()["outcome"] == "folded"
+
+
+def test_a_redelivered_job_stops_at_its_claim_without_paying(
+        store: SessionStore, session: list[Message]) -> None:
+    summarizer = ScriptedSummarizer()
+    first = run_fold(store, summarizer, FoldJob(SID, "job-1"))
+    paid = summarizer.calls
+    again = run_fold(store, summarizer, FoldJob(SID, "job-1"))
+    assert first.outcome == "folded"
+    assert (again.outcome, again.claim) == ("skipped", "already-committed")
+    assert summarizer.calls == paid
+    assert len(store.spans(SID)) == first.spans
+
+
+def test_a_duplicate_delivery_finds_the_live_claim_of_its_twin(
+        store: SessionStore, session: list[Message]) -> None:
+    twin = store.claim(SID, "job-1", lease_s=60)  # the twin delivery is running
+    assert twin.claimed
+    summarizer = ScriptedSummarizer()
+    report = run_fold(store, summarizer, FoldJob(SID, "job-1"))
+    assert (report.outcome, report.claim) == ("skipped", "newer-claim")
+    assert summarizer.calls == 0 and store.spans(SID) == []
+
+
+def test_a_job_overtaken_by_a_newer_claim_stops(
+        store: SessionStore, session: list[Message]) -> None:
+    enqueued = store.get_session(SID).fold_epoch
+    run_fold(store, ScriptedSummarizer(), FoldJob(SID, "job-newer"))
+    summarizer = ScriptedSummarizer()
+    report = run_fold(store, summarizer, FoldJob(SID, "job-older", enqueued_epoch=enqueued))
+    assert (report.outcome, report.claim) == ("skipped", "newer-claim")
+    assert summarizer.calls == 0
+
+
+def test_transient_failure_keeps_the_cheap_layers_releases_the_claim_and_can_retry(
+        store: SessionStore, session: list[Message]) -> None:
+    summarizer = ScriptedSummarizer(errors=[TransientSummarizerError(
+        "Anthropic API answered 529: Overloaded", retry_after=3.0, status_code=529)])
+    task_id = "task-7"
+    report = run_fold(store, summarizer, FoldJob(SID, store_job_id(task_id, 0)))
+    assert report.retry_error is not None and report.retry_error.retry_after == 3.0
+    assert "summarizer-failed" in report.refusals
+    assert _summaries(store) == 0
+    record = store.records(SID)[-1]
+    assert any(r.reason == "summarizer-failed" for r in record.refusals)
+    assert store.get_session(SID).claimed_by is None  # released: the retry can claim
+    retry = run_fold(store, summarizer, FoldJob(SID, store_job_id(task_id, 1),
+                                                enqueued_epoch=report.epoch))
+    assert retry.outcome == "folded" and retry.retry_error is None
+    assert _summaries(store) == 1
+
+
+def test_permanent_failure_is_a_recorded_refusal_not_a_retry(
+        store: SessionStore, session: list[Message]) -> None:
+    summarizer = ScriptedSummarizer(errors=[PermanentSummarizerError(
+        "Anthropic API answered 400: bad request", status_code=400)] * 5)
+    report = run_fold(store, summarizer, FoldJob(SID, "job-1"))
+    assert report.retry_error is None
+    assert "summarizer-failed" in report.refusals
+    assert _summaries(store) == 0
+    assert any(r.reason == "summarizer-failed" for r in store.records(SID)[-1].refusals)
+
+
+def test_inline_claim_wins_over_a_background_fold_in_flight(
+        store: SessionStore, session: list[Message]) -> None:
+    inline_reports = []
+
+    def inline_fold() -> None:
+        # The agent overflows while the background summarizer is still writing.
+        inline_reports.append(run_fold(store, ScriptedSummarizer(), FoldJob(
+            SID, "inline-1", trigger="overflow", force=True,
+            target_tokens=POLICY.budget_tokens // 2, replan=True)))
+
+    background = run_fold(store, ScriptedSummarizer(on_first_call=inline_fold),
+                          FoldJob(SID, "job-bg"))
+    assert inline_reports[0].outcome == "folded"
+    assert background.outcome == "stale" and background.spans == 0
+    assert _summaries(store) == 1  # never two summaries
+    assert {s.job_id for s in store.spans(SID)} == {"inline-1"}
+    assert [e.message for e in store.read_ledger(SID)] == session  # no turn lost
+    assert any(r.outcome == "stale" and r.job_id == "job-bg" for r in store.records(SID))
+
+
+def test_inline_fold_that_loses_a_race_stops_when_the_winner_did_the_work(
+        store: SessionStore, session: list[Message]) -> None:
+    winner = []
+
+    def other_inline() -> None:
+        winner.append(run_fold(store, ScriptedSummarizer(), FoldJob(
+            SID, "inline-b", trigger="overflow", force=True)))
+
+    loser = ScriptedSummarizer(on_first_call=other_inline)
+    target = POLICY.trigger_tokens
+    report = run_fold(store, loser, FoldJob(SID, "inline-a", trigger="overflow", force=True,
+                                            target_tokens=target, replan=True))
+    assert winner[0].outcome == "folded"
+    assert store.get_session(SID).current_tokens <= target
+    assert report.outcome == "stale" and report.replans == 0, report
+    assert "concurrent fold won" in report.detail
+    assert _summaries(store) == 1
+    assert loser.calls == 1  # paid once, not twice
+
+
+def test_inline_fold_that_loses_a_race_replans_once_when_still_over_target(
+        store: SessionStore, session: list[Message]) -> None:
+    before = store.get_session(SID).current_tokens
+
+    def small_fold() -> None:
+        # Another fold that only masks a little: the session stays over the loser's target.
+        run_fold(store, None, FoldJob(SID, "inline-b", trigger="overflow", force=True,
+                                      target_tokens=before - 500))
+
+    loser = ScriptedSummarizer(on_first_call=small_fold)
+    report = run_fold(store, loser, FoldJob(SID, "inline-a", trigger="overflow", force=True,
+                                            replan=True))
+    assert report.replans == 1 and report.outcome == "folded"
+    assert report.job_id == "inline-a~replan"
+    assert _summaries(store) == 1
+    assert [e.message for e in store.read_ledger(SID)] == session
+
+
+def test_background_visit_of_a_paused_session_folds_nothing(
+        store: SessionStore, session: list[Message]) -> None:
+    store.set_paused(SID, True)
+    summarizer = ScriptedSummarizer()
+    report = run_fold(store, summarizer, FoldJob(SID, "job-1"))
+    assert report.outcome == "nothing-to-fold" and "paused" in report.detail
+    assert summarizer.calls == 0 and store.get_session(SID).claimed_by is None
+    # The inline fallback still folds a paused session: the agent's call must go through.
+    forced = run_fold(store, summarizer, FoldJob(SID, "inline-1", trigger="overflow",
+                                                 force=True))
+    assert forced.outcome == "folded"
+
+
+def test_store_job_ids_differ_per_retry_and_not_per_redelivery() -> None:
+    assert store_job_id("t", 0) == "t"
+    assert store_job_id("t", 1) != store_job_id("t", 2) != "t"
+
+
+def test_fault_point_marks_once_and_waits_until_killed(tmp_path: Path) -> None:
+    marker = tmp_path / "paused.pid"
+    code = ("from sessionfold.workers.folding import fault_point\n"
+            "fault_point('elsewhere')\nfault_point('after-summary')\n")
+    env = {**os.environ, PAUSE_AT_ENV: "after-summary", PAUSE_MARKER_ENV: str(marker)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        wait_until(marker.exists, timeout_s=60, what="the fault point's marker")
+        assert proc.poll() is None  # waiting, not finished
+        assert marker.read_text().strip() == str(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # The marker exists now: the next process passes the point (a redelivery runs to its end).
+    again = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert again.returncode == 0
