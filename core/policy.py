@@ -48,7 +48,7 @@ class FoldPolicy(BaseModel):
 
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> FoldPolicy:
-        """Like pydantic's, but invalid values raise InvalidPolicyError (as the constructor does)."""
+        """Like pydantic's, but invalid values raise InvalidPolicyError (as the constructor)."""
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
