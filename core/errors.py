@@ -16,7 +16,9 @@ translated where they enter (``raise Mapped(msg) from exc``)::
     ├── StaleSpanError                 a fold lost its compare-and-set; nothing was written
     ├── SessionNotFoundError           no session with that id
     ├── DiscardedOriginalsError        recover() of a span whose originals were discarded
-    └── SchemaError                    the database schema is missing or newer than this code
+    ├── SchemaError                    the database schema is missing or newer than this code
+    ├── StoreError                     the store's database failed; the transaction rolled back
+    └── RedisUnavailableError          Redis could not be reached, timed out, or refused a command
 """
 
 from __future__ import annotations
@@ -112,3 +114,19 @@ class DiscardedOriginalsError(SessionfoldError):
 
 class SchemaError(SessionfoldError):
     """The database schema is missing, or newer than this version of sessionfold."""
+
+
+class StoreError(SessionfoldError):
+    """The session store's database failed (unreachable, connection lost, lock wait timed out).
+
+    Raised where SQLAlchemy's errors enter sessionfold (:mod:`sessionfold.store.db`). The
+    transaction was rolled back: nothing of it was written, and it is safe to retry.
+    """
+
+
+class RedisUnavailableError(SessionfoldError):
+    """Redis could not be reached, timed out, or refused a command (for example out of memory).
+
+    Raised where redis-py's errors enter sessionfold (:mod:`sessionfold.workers.redis_conn`).
+    The usage publisher never raises it: reporting usage must not fail an agent.
+    """

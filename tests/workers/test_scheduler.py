@@ -1,0 +1,424 @@
+"""The scheduler against the real Redis and a real (SQLite) store, with a recording enqueue."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.window import CompactionRecord
+from sessionfold.store.results import SessionInfo
+from sessionfold.store.store import SessionStore
+from sessionfold.workers.keys import Keys
+from sessionfold.workers.locks import FoldLock
+from sessionfold.workers.metrics import Metrics
+from sessionfold.workers.redis_conn import redis_client
+from sessionfold.workers.scheduler import Scheduler
+from sessionfold.workers.settings import Settings
+from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
+
+pytestmark = pytest.mark.redis
+
+BUDGET = 10_000  # trigger at 8_500 tokens
+
+
+class RecordingEnqueue:
+    """Stands in for the Celery enqueue: remembers every job it was asked for."""
+
+    def __init__(self, fail_for: set[str] | None = None) -> None:
+        self.jobs: list[tuple[str, int | None, str, str | None]] = []
+        self.fail_for = fail_for or set()
+        self._guard = threading.Lock()
+
+    def __call__(self, session_id: str, enqueued_epoch: int | None, trigger: str,
+                 lock_token: str | None) -> str:
+        if session_id in self.fail_for:
+            raise ConnectionError("broker down")
+        with self._guard:
+            self.jobs.append((session_id, enqueued_epoch, trigger, lock_token))
+            return f"job-{len(self.jobs)}"
+
+    def sessions(self) -> list[str]:
+        return [job[0] for job in self.jobs]
+
+
+def turns(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        out.append({"role": "user", "content": f"question {i} about the deployment"})
+        out.append({"role": "assistant", "content": f"answer {i}: the pods restarted fine"})
+    return out
+
+
+def new_session(store: SessionStore, sid: str, n_turns: int = 3,
+                budget: int = BUDGET, **policy: Any) -> SessionInfo:
+    store.create_session(sid, FoldPolicy(budget_tokens=budget, **policy), system="ops agent")
+    store.append(sid, turns(n_turns))
+    return store.get_session(sid)
+
+
+def usage(info: SessionInfo, tokens: int, *, seq: int | None = None,
+          revision: int | None = None, at: float | None = None) -> UsageEvent:
+    return UsageEvent(session_id=info.id, seq=info.ledger_len - 1 if seq is None else seq,
+                      revision=info.revision if revision is None else revision,
+                      input_tokens=tokens, model="claude-test",
+                      time=time.time() if at is None else at)
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings(scheduler_block_ms=10, scheduler_policy_cache_s=0,
+                         scheduler_sweep_interval_s=3600)
+
+
+@pytest.fixture
+def publisher(redis_conn: redis.Redis, settings: Settings) -> UsagePublisher:
+    return UsagePublisher(redis_conn, Keys.from_settings(settings), maxlen=100_000)
+
+
+@pytest.fixture
+def enqueue() -> RecordingEnqueue:
+    return RecordingEnqueue()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def scheduler(settings: Settings, sqlite_store: SessionStore, redis_conn: redis.Redis,
+              enqueue: RecordingEnqueue, registry: CollectorRegistry) -> Scheduler:
+    return Scheduler(settings, sqlite_store, redis_conn, enqueue, consumer_name="sched-a",
+                     metrics_=Metrics(registry))
+
+
+def drain(scheduler: Scheduler, rounds: int = 5) -> list[Any]:
+    return [scheduler.run_once() for _ in range(rounds)]
+
+
+def pending(client: redis.Redis, settings: Settings) -> int:
+    keys = Keys.from_settings(settings)
+    return int(client.xpending(keys.usage_stream(), settings.scheduler_group)["pending"])
+
+
+# --- deciding --------------------------------------------------------------------------------
+
+
+def test_only_sessions_over_their_trigger_get_a_job(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        enqueue: RecordingEnqueue, redis_conn: redis.Redis, settings: Settings,
+        registry: CollectorRegistry) -> None:
+    over = new_session(sqlite_store, "over")
+    under = new_session(sqlite_store, "under")
+    publisher.publish(usage(over, 9_000, at=time.time() - 0.2))
+    publisher.publish(usage(under, 4_000))
+    stats = scheduler.run_once()
+    assert stats.events == 2 and stats.accepted == 2
+    assert list(stats.enqueued) == ["over"]
+    [(sid, epoch, trigger, token)] = enqueue.jobs
+    assert (sid, epoch, trigger) == ("over", over.fold_epoch, "threshold")
+    # The job carries the lock's token: the lock is held until the job releases it.
+    assert FoldLock.from_settings(settings, redis_conn).holder("over") == token
+    # The measured sizes went to the store, and the entries were acknowledged.
+    assert sqlite_store.get_session("over").measured_tokens == 9_000
+    assert sqlite_store.get_session("under").measured_tokens == 4_000
+    assert pending(redis_conn, settings) == 0
+    lag = registry.get_sample_value("sessionfold_scheduler_lag_seconds_sum")
+    assert lag is not None and lag >= 0.2
+    assert registry.get_sample_value("sessionfold_fold_jobs_enqueued_total",
+                                     {"source": "stream"}) == 1
+
+
+def test_one_job_per_session_until_it_releases_the_lock(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        enqueue: RecordingEnqueue, redis_conn: redis.Redis, settings: Settings) -> None:
+    info = new_session(sqlite_store, "s1", n_turns=6)
+    publisher.publish(usage(info, 9_000, seq=8))
+    scheduler.run_once()
+    publisher.publish(usage(info, 9_100, seq=9))
+    publisher.publish(usage(info, 9_200, seq=10))
+    stats = scheduler.run_once()
+    assert stats.skipped == {"s1": "job-pending"}
+    assert enqueue.sessions() == ["s1"]
+    token = enqueue.jobs[0][3]
+    assert token is not None
+    assert FoldLock.from_settings(settings, redis_conn).release("s1", token)  # the job ended
+    publisher.publish(usage(info, 9_300, seq=11))
+    scheduler.run_once()
+    assert enqueue.sessions() == ["s1", "s1"]
+
+
+def test_an_older_report_never_overwrites_a_newer_one(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    info = new_session(sqlite_store, "s1", n_turns=5)
+    measured = Keys.from_settings(settings).measured("s1")
+    publisher.publish(usage(info, 5_000, seq=7))
+    publisher.publish(usage(info, 4_000, seq=5))  # arrives later, measured earlier
+    stats = scheduler.run_once()
+    assert (stats.accepted, stats.superseded) == (1, 1)
+    assert redis_conn.hmget(measured, "seq", "tokens") == [b"7", b"5000"]
+    publisher.publish(usage(info, 3_000, seq=6))  # a later batch, still older
+    stats = scheduler.run_once()
+    assert (stats.accepted, stats.superseded) == (0, 1)
+    assert redis_conn.hmget(measured, "seq", "tokens") == [b"7", b"5000"]
+    stored = sqlite_store.get_session("s1")
+    assert (stored.measured_seq, stored.measured_tokens) == (7, 5_000)
+    publisher.publish(usage(info, 6_000, seq=9))
+    assert scheduler.run_once().accepted == 1
+    assert redis_conn.hmget(measured, "seq", "tokens") == [b"9", b"6000"]
+
+
+def test_two_schedulers_at_once_keep_every_size_monotonic(
+        settings: Settings, sqlite_store: SessionStore, redis_url: str,
+        publisher: UsagePublisher) -> None:
+    sessions = [new_session(sqlite_store, f"s{i}", n_turns=20) for i in range(4)]
+    events = [usage(info, 1_000 + seq, seq=seq) for info in sessions for seq in range(40)]
+    random.Random(7).shuffle(events)
+    stop = threading.Event()
+    seen: list[tuple[str, int]] = []
+    guard = threading.Lock()
+
+    def run(name: str) -> None:
+        client = redis_client(redis_url)
+        sched = Scheduler(settings, sqlite_store, client, RecordingEnqueue(),
+                          consumer_name=name, metrics_=Metrics(CollectorRegistry()))
+        measured = Keys.from_settings(settings)
+        last: dict[str, int] = {}
+        while not stop.is_set():
+            sched.run_once(stop)
+            for info in sessions:  # what every scheduler observes only ever moves forward
+                raw = client.hget(measured.measured(info.id), "seq")
+                if raw is not None:
+                    assert int(raw) >= last.get(info.id, -1)
+                    last[info.id] = int(raw)
+                    with guard:
+                        seen.append((name, int(raw)))
+        client.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for i, ev in enumerate(events):
+        publisher.publish(ev)
+        if i % 16 == 0:
+            time.sleep(0.005)  # let both schedulers take batches while events arrive
+    deadline = time.monotonic() + 30
+    keys = Keys.from_settings(settings)
+    client = redis_client(redis_url)
+    while time.monotonic() < deadline:
+        if all(client.hget(keys.measured(i.id), "seq") == b"39" for i in sessions) and \
+                pending(client, settings) == 0:
+            break
+        time.sleep(0.02)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert {name for name, _ in seen} == {"a", "b"}
+    for info in sessions:
+        assert client.hget(keys.measured(info.id), "seq") == b"39"
+        stored = sqlite_store.get_session(info.id)
+        assert (stored.measured_seq, stored.measured_tokens) == (39, 1_039)
+    client.close()
+
+
+def test_nothing_to_fold_waits_for_growth_or_a_policy_change(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        enqueue: RecordingEnqueue, redis_conn: redis.Redis, settings: Settings) -> None:
+    info = new_session(sqlite_store, "s1", n_turns=4)
+    sqlite_store.record_usage("s1", {"input_tokens": 9_000}, seq=7, revision=info.revision)
+    sqlite_store.record_visit("s1", CompactionRecord(
+        trigger="threshold", outcome="nothing-to-fold", budget_tokens=BUDGET,
+        target_tokens=6_000, measured_tokens=9_000, tokens_after=9_000))
+    publisher.publish(usage(info, 9_000, seq=7))
+    publisher.publish(usage(info, 9_000, seq=7))
+    stats = scheduler.run_once()
+    assert stats.skipped == {"s1": "no-growth-since-nothing-to-fold"}
+    assert enqueue.jobs == []
+    assert FoldLock.from_settings(settings, redis_conn).holder("s1") is None  # released
+    # The policy changes (say, fewer protected turns): the verdict no longer stands.
+    sqlite_store.set_policy("s1", FoldPolicy(budget_tokens=BUDGET, keep_recent_turns=1))
+    assert scheduler.sweep() == 1
+    assert enqueue.sessions() == ["s1"]
+
+
+def test_a_refused_session_is_visited_again_once_its_window_grew(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        enqueue: RecordingEnqueue) -> None:
+    info = new_session(sqlite_store, "s1", n_turns=4)
+    sqlite_store.record_usage("s1", {"input_tokens": 9_000}, seq=7, revision=info.revision)
+    sqlite_store.record_visit("s1", CompactionRecord(
+        trigger="threshold", outcome="refused", budget_tokens=BUDGET, target_tokens=6_000,
+        measured_tokens=9_000, tokens_after=9_000))
+    assert scheduler.sweep() == 0
+    grown = sqlite_store.append("s1", turns(1))
+    publisher.publish(usage(sqlite_store.get_session("s1"), 9_400, seq=grown.last_seq))
+    stats = scheduler.run_once()
+    assert list(stats.enqueued) == ["s1"]
+
+
+def test_paused_sessions_are_never_enqueued(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        enqueue: RecordingEnqueue) -> None:
+    info = new_session(sqlite_store, "s1")
+    sqlite_store.set_paused("s1", True)
+    publisher.publish(usage(info, 9_900))
+    scheduler.run_once()
+    assert scheduler.sweep() == 0
+    assert enqueue.jobs == []
+    sqlite_store.set_paused("s1", False)
+    assert scheduler.sweep() == 1
+
+
+def test_the_sweep_finds_sessions_whose_events_redis_lost(
+        scheduler: Scheduler, sqlite_store: SessionStore, enqueue: RecordingEnqueue,
+        registry: CollectorRegistry) -> None:
+    info = new_session(sqlite_store, "lost")
+    new_session(sqlite_store, "fine")
+    # Measured through another path (say, the client fell back to the store), no event.
+    sqlite_store.record_usage("lost", {"input_tokens": 9_500}, seq=5, revision=info.revision)
+    scheduler._next_sweep = 0.0
+    stats = scheduler.run_once()
+    assert stats.swept and list(stats.enqueued) == ["lost"]
+    assert registry.get_sample_value("sessionfold_fold_jobs_enqueued_total",
+                                     {"source": "sweep"}) == 1
+
+
+def test_events_for_unknown_sessions_are_acknowledged_and_counted(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        redis_conn: redis.Redis, settings: Settings, registry: CollectorRegistry) -> None:
+    known = new_session(sqlite_store, "known")
+    publisher.publish(UsageEvent(session_id="ghost", seq=3, revision=1, input_tokens=99_000))
+    publisher.publish(usage(known, 1_000))
+    stats = scheduler.run_once()
+    assert (stats.unknown, stats.accepted, stats.enqueued) == (1, 1, {})
+    assert pending(redis_conn, settings) == 0
+    assert registry.get_sample_value("sessionfold_usage_events_total",
+                                     {"result": "unknown-session"}) == 1
+
+
+def test_a_failed_enqueue_frees_the_lock_and_leaves_that_sessions_entries_pending(
+        settings: Settings, sqlite_store: SessionStore, redis_conn: redis.Redis,
+        publisher: UsagePublisher) -> None:
+    enqueue = RecordingEnqueue(fail_for={"broken"})
+    sched = Scheduler(settings, sqlite_store, redis_conn, enqueue,
+                      metrics_=Metrics(CollectorRegistry()))
+    broken, fine = new_session(sqlite_store, "broken"), new_session(sqlite_store, "fine")
+    publisher.publish(usage(broken, 9_000))
+    publisher.publish(usage(fine, 9_000))
+    stats = sched.run_once()
+    assert stats.skipped == {"broken": "enqueue-failed"}
+    assert list(stats.enqueued) == ["fine"]
+    assert FoldLock.from_settings(settings, redis_conn).holder("broken") is None
+    assert pending(redis_conn, settings) == 1  # comes back through XAUTOCLAIM
+
+
+# --- outages and shutdown --------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_settings(make_settings: Callable[..., Settings], private_redis: Any) -> Settings:
+    return make_settings(redis_url=private_redis.url, scheduler_block_ms=20,
+                         scheduler_policy_cache_s=0, scheduler_sweep_interval_s=3600,
+                         scheduler_claim_idle_ms=1000)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_the_scheduler_survives_a_redis_restart(
+        private_settings: Settings, private_redis: Any, sqlite_store: SessionStore) -> None:
+    enqueue = RecordingEnqueue()
+    client = redis_client(private_redis.url, socket_timeout=2, socket_connect_timeout=0.5)
+    sched = Scheduler(private_settings, sqlite_store, client, enqueue,
+                      metrics_=Metrics(CollectorRegistry()))
+    sched.consumer._reconnect_max_s = 0.2
+    pub_client = redis_client(private_redis.url, socket_timeout=0.25,
+                              socket_connect_timeout=0.25, retries=0)
+    publisher = UsagePublisher(pub_client, Keys.from_settings(private_settings),
+                               maxlen=10_000, retry_initial_s=0.01, retry_max_s=0.05)
+    before, after = new_session(sqlite_store, "before"), new_session(sqlite_store, "after")
+    stop = threading.Event()
+    loop = threading.Thread(target=sched.run_forever, args=(stop,))
+    loop.start()
+    try:
+        publisher.publish(usage(before, 9_000))
+        assert wait_for(lambda: enqueue.sessions() == ["before"])
+        private_redis.kill()
+        time.sleep(0.3)  # the loop meets the outage and backs off
+        private_redis.start()  # empty: stream, group, locks, measured sizes all gone
+        assert wait_for(lambda: publisher.publish(usage(after, 9_100)) or False, 10)
+        assert wait_for(lambda: "after" in enqueue.sessions())
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+    assert not loop.is_alive()
+    assert enqueue.sessions() == ["before", "after"]
+
+
+_SIGTERM_SCRIPT = textwrap.dedent("""
+    import logging, sys, threading
+    from sessionfold.store.store import SessionStore
+    from sessionfold.workers.redis_conn import redis_client
+    from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
+    from sessionfold.workers.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+    settings = Settings()
+    store = SessionStore.from_url(settings.database_url)
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    sched = Scheduler(settings, store, redis_client(settings.redis_url),
+                      lambda sid, epoch, trigger, token: "job")
+    print("ready", flush=True)
+    sched.run_forever(stop)
+    print("clean exit", flush=True)
+""")
+
+
+def test_sigterm_stops_the_loop_gracefully(settings: Settings, sqlite_store: SessionStore,
+                                           tmp_path: Path) -> None:
+    env = {**os.environ, "REDIS_URL": settings.redis_url or "",
+           "DATABASE_URL": settings.database_url or "",
+           "SESSIONFOLD_KEY_PREFIX": settings.key_prefix,
+           "SESSIONFOLD_DATA_DIR": str(tmp_path), "SESSIONFOLD_SCHEDULER_BLOCK_MS": "200"}
+    proc = subprocess.Popen([sys.executable, "-c", _SIGTERM_SCRIPT], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert first == "ready", err
+    assert proc.returncode == 0, err
+    assert "stopping after this batch" in out
+    assert out.rstrip().endswith("clean exit")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    before = threading.active_count()
+    yield
+    assert wait_for(lambda: threading.active_count() <= before, 10)

@@ -1,0 +1,343 @@
+"""The scheduler: reads the usage bus, keeps each session's measured size, enqueues fold jobs.
+
+    scheduler = Scheduler(settings, store, client, enqueue)
+    scheduler.run_forever(stop)             # until stop is set (SIGTERM: install_signal_handlers)
+    stats = scheduler.run_once()            # one batch (tests, benchmarks)
+
+One batch, top to bottom (:meth:`Scheduler.run_once`):
+
+1. Read up to ``scheduler_batch_size`` usage events from the stream's consumer group (entries a
+   dead scheduler left pending are reclaimed first; see :mod:`.usagebus`).
+2. Keep the newest event per session, by ``(revision, seq)``, and compare-and-set it into the
+   session's ``measured`` hash in Redis with a Lua script: an event older than the one stored
+   never overwrites it, however schedulers interleave (several may run at once).
+3. Write the accepted values to the store in one call (``record_usage_batch``); the store keeps
+   its own copy monotonic too, and refuses reports built on a window a fold has replaced.
+4. For each session whose report passes its policy's trigger (policy read from the store,
+   cached for ``scheduler_policy_cache_s``): take the session's fold lock, re-read the session
+   from the store and enqueue one job if it still needs one (:func:`skip_reason`).
+5. Acknowledge the entries. A failure before this point leaves them pending: they are reclaimed
+   and acted on again, which is harmless (steps 2–4 are idempotent).
+
+Every ``scheduler_sweep_interval_s`` the scheduler also asks the store for over-budget sessions
+(``over_budget``): Redis keeps nothing on disk, and events dropped by a publisher during an
+outage or lost in a restart must not leave a session unfolded.
+
+``enqueue(session_id, enqueued_epoch, trigger, lock_token) -> job_id`` is supplied by the
+caller (the Celery app's; tests pass a recording fake). The job must release the fold lock with
+``lock_token`` when it ends (:class:`~sessionfold.workers.locks.FoldLock`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import FrameType
+from typing import Protocol
+
+import redis
+from sessionfold.core.errors import SessionfoldError, SessionNotFoundError
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.store.results import SessionInfo, UsageReport
+from sessionfold.store.store import SessionStore
+
+from .keys import Keys
+from .locks import FoldLock
+from .metrics import Metrics, metrics
+from .redis_conn import mapped_errors
+from .settings import Settings
+from .usagebus import StreamEntry, UsageConsumer, UsageEvent
+
+__all__ = ["BatchStats", "Enqueue", "Scheduler", "install_signal_handlers", "skip_reason"]
+
+log = logging.getLogger(__name__)
+
+#: Visit outcomes after which a session waits for its window to grow (or its policy to change).
+NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
+
+# Compare-and-set of a session's measured size. KEYS[1]: the session's hash. ARGV: revision,
+# seq, prompt tokens, time, model, input, cache read, cache creation, output, ttl ms.
+# Returns 1 when the event is newer (by revision, then seq) than what the hash holds, else 0.
+# In Lua so the compare and the write are one step however many schedulers race.
+_MEASURED_CAS = """
+local cur = redis.call('HMGET', KEYS[1], 'revision', 'seq')
+local rev, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
+if cur[1] then
+  local crev, cseq = tonumber(cur[1]), tonumber(cur[2])
+  if rev < crev or (rev == crev and seq <= cseq) then
+    return 0
+  end
+end
+redis.call('HSET', KEYS[1], 'revision', ARGV[1], 'seq', ARGV[2], 'tokens', ARGV[3],
+           'time', ARGV[4], 'model', ARGV[5], 'input', ARGV[6], 'cache_read', ARGV[7],
+           'cache_creation', ARGV[8], 'output', ARGV[9])
+redis.call('PEXPIRE', KEYS[1], ARGV[10])
+return 1
+"""
+
+
+class Enqueue(Protocol):
+    """Puts one fold job on the queue and returns its job id.
+
+    ``enqueued_epoch`` is the session's ``fold_epoch`` when the scheduler decided (the job's
+    claim stops if a newer claim exists); ``trigger`` is ``"threshold"``; the job releases the
+    session's fold lock with ``lock_token`` when it ends.
+    """
+
+    def __call__(self, session_id: str, enqueued_epoch: int | None, trigger: str,
+                 lock_token: str | None) -> str: ...
+
+
+@dataclass
+class BatchStats:
+    """What one :meth:`Scheduler.run_once` did."""
+
+    events: int = 0
+    #: Sessions whose newest event in the batch moved their measured size forward.
+    accepted: int = 0
+    #: Events that were not the newest for their session (in the batch or in Redis).
+    superseded: int = 0
+    #: Sessions the store does not know (deleted, or never created).
+    unknown: int = 0
+    #: Job ids enqueued, by session.
+    enqueued: dict[str, str] = field(default_factory=dict)
+    #: Sessions over their trigger that were not enqueued, with the reason.
+    skipped: dict[str, str] = field(default_factory=dict)
+    swept: bool = False
+
+
+def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None) -> str | None:
+    """Why a session should not get a fold job now, or None if it should.
+
+    ``verdict_policy`` is the policy the session had when its last no-fold visit was seen (a
+    changed policy reopens the session); None when unknown.
+    """
+    if info.paused:
+        return "paused"
+    if info.current_tokens <= info.trigger_tokens:
+        return "under-trigger"
+    if info.last_visit_outcome in NO_FOLD_OUTCOMES:
+        grown = info.last_visit_tokens is None or info.current_tokens > info.last_visit_tokens
+        policy_changed = verdict_policy is not None and verdict_policy != info.policy
+        if not grown and not policy_changed:
+            return "no-growth-since-" + info.last_visit_outcome
+    return None
+
+
+class Scheduler:
+    """Turns usage events into fold jobs. One instance per process; not thread-safe."""
+
+    def __init__(self, settings: Settings, store: SessionStore, client: redis.Redis,
+                 enqueue: Enqueue, *, consumer_name: str | None = None,
+                 metrics_: Metrics | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store
+        self.keys = Keys.from_settings(settings)
+        self.consumer = UsageConsumer.from_settings(settings, client, consumer_name)
+        self.lock = FoldLock.from_settings(settings, client)
+        self._client = client
+        self._enqueue = enqueue
+        self._metrics = metrics_ or metrics()
+        self._clock = clock
+        self._cas = client.register_script(_MEASURED_CAS)
+        self._measured_ttl_ms = int(settings.measured_ttl_s * 1000)
+        self._cache_s = settings.scheduler_policy_cache_s
+        #: session → (monotonic time read, info or None for unknown)
+        self._infos: dict[str, tuple[float, SessionInfo | None]] = {}
+        #: session → (last_visit_at, policy) of the last no-fold verdict seen
+        self._verdicts: dict[str, tuple[datetime | None, FoldPolicy]] = {}
+        self._next_sweep = 0.0
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event) -> None:
+        """Run batches until ``stop`` is set; survives Redis and store outages with backoff."""
+        backoff = 0.0
+        log.info("scheduler %s reading %s", self.consumer.name, self.consumer.stream)
+        while not stop.is_set():
+            try:
+                self.run_once(stop)
+                backoff = 0.0
+            except Exception:  # a scheduler must outlive any one bad batch or outage
+                backoff = min(max(backoff * 2, 0.1), 10.0)
+                log.exception("scheduler batch failed; retrying in %.1fs", backoff)
+                stop.wait(backoff)
+        log.info("scheduler %s stopped", self.consumer.name)
+
+    def run_once(self, stop: threading.Event | None = None) -> BatchStats:
+        """One batch: sweep if due, read, measure, record, enqueue, acknowledge."""
+        stats = BatchStats()
+        if time.monotonic() >= self._next_sweep:
+            self.sweep(stats)
+        entries = self.consumer.read(stop)
+        if entries:
+            self.handle(entries, stats)
+        return stats
+
+    def handle(self, entries: Sequence[StreamEntry], stats: BatchStats | None = None
+               ) -> BatchStats:
+        """Act on a batch of entries and acknowledge them (see the module doc)."""
+        stats = stats or BatchStats()
+        stats.events += len(entries)
+        latest = _latest_per_session(entries)
+        stats.superseded += len(entries) - len(latest)
+        known = {sid: ev for sid, ev in latest.items() if self._cached_info(sid) is not None}
+        stats.unknown += len(latest) - len(known)
+        accepted = self._compare_and_set(known.values())
+        stats.superseded += len(known) - len(accepted)
+        stats.accepted += len(accepted)
+        if accepted:
+            self.store.record_usage_batch([_report(ev) for ev in accepted])
+        failed: set[str] = set()
+        for ev in accepted:
+            info = self._cached_info(ev.session_id)
+            if info is None or not self._may_be_over(info, ev):
+                continue
+            if not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
+                failed.add(ev.session_id)
+        self._metrics.count_usage_events("accepted", stats.accepted)
+        self._metrics.count_usage_events("superseded", stats.superseded)
+        self._metrics.count_usage_events("unknown-session", stats.unknown)
+        # Entries of a session whose enqueue failed stay pending and come back (XAUTOCLAIM).
+        self.consumer.ack([e for e in entries if e.event.session_id not in failed])
+        return stats
+
+    def sweep(self, stats: BatchStats | None = None) -> int:
+        """Enqueue over-budget sessions the store knows of (events lost by Redis). Returns the
+        number of jobs enqueued."""
+        stats = stats or BatchStats()
+        self._next_sweep = time.monotonic() + self.settings.scheduler_sweep_interval_s
+        stats.swept = True
+        before = len(stats.enqueued)
+        for info in self.store.over_budget(limit=1000):
+            self._infos[info.id] = (time.monotonic(), info)
+            self._try_enqueue(info.id, "sweep", stats, fresh=info)
+        try:
+            self.consumer.prune_consumers(idle_ms=self.settings.scheduler_claim_idle_ms * 10)
+        except SessionfoldError as exc:
+            log.warning("could not prune dead scheduler consumers: %s", exc)
+        self._prune_caches()
+        return len(stats.enqueued) - before
+
+    # --- steps -------------------------------------------------------------------------------
+    def _compare_and_set(self, events: Iterable[UsageEvent]) -> list[UsageEvent]:
+        events = list(events)
+        if not events:
+            return []
+        with mapped_errors("recording measured sizes"):
+            pipe = self._client.pipeline(transaction=False)
+            for ev in events:
+                self._cas(keys=[self.keys.measured(ev.session_id)], client=pipe, args=[
+                    ev.revision, ev.seq, ev.prompt_tokens, repr(float(ev.time)), ev.model,
+                    ev.input_tokens, ev.cache_read_input_tokens, ev.cache_creation_input_tokens,
+                    ev.output_tokens, self._measured_ttl_ms])
+            results = pipe.execute()
+        return [ev for ev, ok in zip(events, results, strict=True) if int(ok) == 1]
+
+    def _may_be_over(self, info: SessionInfo, ev: UsageEvent) -> bool:
+        # Cheap filter on cached data; the decision itself is made on a fresh read.
+        if info.paused:
+            return False
+        trigger = info.policy.trigger_tokens
+        return ev.prompt_tokens > trigger or info.current_tokens > trigger
+
+    def _try_enqueue(self, sid: str, source: str, stats: BatchStats, *,
+                     event: UsageEvent | None = None, fresh: SessionInfo | None = None) -> bool:
+        """Lock, re-check, enqueue. False only when the enqueue itself failed."""
+        # The lock first: while a job is pending this costs one SET NX, not a store read.
+        token = self.lock.acquire(sid)
+        if token is None:
+            stats.skipped[sid] = "job-pending"
+            return True
+        try:
+            info = fresh or self.store.get_session(sid)
+        except SessionNotFoundError:
+            self.lock.release(sid, token)
+            self._infos[sid] = (time.monotonic(), None)
+            stats.skipped[sid] = "unknown-session"
+            return True
+        except BaseException:
+            self.lock.release(sid, token)
+            raise
+        self._infos[sid] = (time.monotonic(), info)
+        reason = skip_reason(info, self._verdict_policy(info))
+        if reason is not None:
+            self.lock.release(sid, token)
+            stats.skipped[sid] = reason
+            return True
+        try:
+            job_id = self._enqueue(sid, info.fold_epoch, "threshold", token)
+        except Exception:
+            log.exception("could not enqueue a fold job for session %r", sid)
+            self.lock.release(sid, token)
+            stats.skipped[sid] = "enqueue-failed"
+            return False
+        stats.enqueued[sid] = job_id
+        self._metrics.count_enqueued(source)
+        if event is not None:
+            self._metrics.observe_scheduler_lag(self._clock() - event.time)
+        log.debug("enqueued fold job %s for session %r (%s)", job_id, sid, source)
+        return True
+
+    def _verdict_policy(self, info: SessionInfo) -> FoldPolicy | None:
+        """The policy the session had when its current no-fold verdict was first seen."""
+        if info.last_visit_outcome not in NO_FOLD_OUTCOMES:
+            self._verdicts.pop(info.id, None)
+            return None
+        seen = self._verdicts.get(info.id)
+        if seen is None or seen[0] != info.last_visit_at:
+            self._verdicts[info.id] = (info.last_visit_at, info.policy)
+            return info.policy
+        return seen[1]
+
+    # --- session info cache ------------------------------------------------------------------
+    def _cached_info(self, sid: str) -> SessionInfo | None:
+        hit = self._infos.get(sid)
+        if hit is not None and time.monotonic() - hit[0] <= self._cache_s:
+            return hit[1]
+        try:
+            info: SessionInfo | None = self.store.get_session(sid)
+        except SessionNotFoundError:
+            info = None
+        self._infos[sid] = (time.monotonic(), info)
+        return info
+
+    def _prune_caches(self, max_entries: int = 100_000) -> None:
+        if len(self._infos) > max_entries:
+            now = time.monotonic()
+            self._infos = {k: v for k, v in self._infos.items() if now - v[0] <= self._cache_s}
+        if len(self._verdicts) > max_entries:
+            self._verdicts = {k: v for k, v in self._verdicts.items() if k in self._infos}
+
+
+def _latest_per_session(entries: Sequence[StreamEntry]) -> dict[str, UsageEvent]:
+    latest: dict[str, UsageEvent] = {}
+    for entry in entries:
+        ev = entry.event
+        held = latest.get(ev.session_id)
+        if held is None or ev.position > held.position:
+            latest[ev.session_id] = ev
+    return latest
+
+
+def _report(ev: UsageEvent) -> UsageReport:
+    usage = {"input_tokens": ev.input_tokens,
+             "cache_read_input_tokens": ev.cache_read_input_tokens,
+             "cache_creation_input_tokens": ev.cache_creation_input_tokens,
+             "output_tokens": ev.output_tokens}
+    return UsageReport(session_id=ev.session_id, usage=usage, seq=ev.seq, revision=ev.revision,
+                       model=ev.model or None)
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``: the loop finishes its batch and returns (main thread)."""
+    def _handler(signum: int, frame: FrameType | None) -> None:
+        log.info("received signal %d; stopping after this batch", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)
