@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -114,15 +115,28 @@ class ProviderStats:
     max_prompt_tokens: int = 0
 
 
-def echo_reply(request: Mapping[str, Any]) -> str:
-    """The default reply: a short, deterministic sentence naming the request it answers.
+# The identifiers a summarizer request asks to keep, between nonce markers (sessionfold's
+# AnthropicSummarizer writes ``<<<must-keep-NONCE>>>`` ... ``<<<end-must-keep-NONCE>>>``).
+_MUST_KEEP = re.compile(r"<<<must-keep-(?P<nonce>[^>\s]+)>>>\n(?P<body>.*?)\n"
+                        r"<<<end-must-keep-(?P=nonce)>>>", re.DOTALL)
 
-    Short on purpose: when the provider stands in for a summarizer, a reply much smaller than the
-    span is what a real summary is.
+
+def echo_reply(request: Mapping[str, Any]) -> str:
+    """The default reply: short and deterministic, as a cheap model's would be.
+
+    A summarizer request (one that lists identifiers to keep) is answered with a summary that
+    names every one of them, so the retention check passes as it would with a good model; any
+    other request with a sentence naming the request it answers.
     """
     messages = request.get("messages") or []
     last = messages[-1] if messages else {}
     text = _content_text(last.get("content", "")) if isinstance(last, Mapping) else ""
+    keep = [line.removeprefix("- ").strip() for match in _MUST_KEEP.finditer(text)
+            for line in match["body"].splitlines() if line.strip()]
+    if "<<<transcript-" in text:
+        summary = (f"The agent worked through {text.count('[')} transcript entries "
+                   f"({len(text)} characters) on its task.")
+        return summary + (" Identifiers: " + "; ".join(keep) + "." if keep else "")
     head = " ".join(text.split())[:160]
     return f"Noted ({len(messages)} messages). Latest: {head}" if head else "Noted."
 

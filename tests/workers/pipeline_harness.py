@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +49,13 @@ def transcript_session(name: str, messages: int | None = None) -> Conversation:
     if messages is None:
         return conv
     return Conversation(system=conv.system, messages=conv.messages[:messages])
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str,
