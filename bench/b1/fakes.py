@@ -1,0 +1,113 @@
+"""The scripted model and the fake summarizer every system shares, on one scaled clock.
+
+- The *scripted model* answers each call with the transcript's next assistant message; it takes
+  ``MODEL_SECONDS`` (4.0 s) of latency per call.
+- The *fake summarizer* returns a deterministic ~300-token summary of whatever it is given (the
+  same input gives the same words) after ``SUMMARIZER_SECONDS`` (2.0 s).
+
+Both latencies are multiplied by one ``time_scale`` so a run takes minutes; the *ratio* is what
+matters (a background fold helps only if it lands between two calls), and it is kept.
+
+Each summarizer call records whether it ran on the agent's thread -- the thread that replays the
+transcript and calls the model. A summarizer call there is latency the agent waits for; one on a
+background thread is not. This is measured, not assumed: the background system's folds run on a
+real thread of their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .counting import Counter
+
+__all__ = [
+    "MODEL_SECONDS",
+    "SUMMARIZER_SECONDS",
+    "SUMMARY_TOKENS",
+    "FakeSummarizer",
+    "ScriptedModel",
+    "SummarizerCall",
+    "summary_text",
+]
+
+MODEL_SECONDS = 4.0
+SUMMARIZER_SECONDS = 2.0
+SUMMARY_TOKENS = 300
+
+# Plain words that are one cl100k token each with a leading space, so a summary of N words is
+# about N tokens.
+_WORDS = (
+    "the", "file", "test", "function", "change", "error", "output", "module", "class", "value",
+    "check", "fixed", "failed", "passed", "path", "line", "call", "return", "import", "issue",
+    "step", "run", "result", "patch", "code", "read", "found", "added", "removed", "case",
+    "method", "field", "query", "model", "field", "type", "list", "string", "object", "name",
+)
+
+
+def summary_text(seed: str, counter: Counter, tokens: int = SUMMARY_TOKENS) -> str:
+    """A deterministic text of ``tokens`` tokens that depends only on ``seed``."""
+    digest = hashlib.sha256(seed.encode("utf-8", "surrogatepass")).digest()
+    words: list[str] = [f"Summary {digest.hex()[:16]} of the earlier steps:"]
+    block = digest
+    while len(words) < tokens + 8:
+        block = hashlib.sha256(block).digest()
+        words.extend(_WORDS[b % len(_WORDS)] for b in block)
+    ids = counter.ids(" ".join(words), cache=False)[:tokens]
+    return counter.decode(ids)
+
+
+@dataclass(frozen=True)
+class SummarizerCall:
+    """One summarizer call: its tokens, its nominal latency, where it ran."""
+
+    input_tokens: int
+    output_tokens: int
+    #: Latency in unscaled seconds (the sleep divided by the time scale).
+    seconds: float
+    on_agent_thread: bool
+
+
+@dataclass
+class FakeSummarizer:
+    """Deterministic ~300-token summaries after a scaled 2.0 s; thread-safe."""
+
+    counter: Counter
+    time_scale: float
+    calls: list[SummarizerCall] = field(default_factory=list)
+    agent_thread: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def summarize(self, prompt: str, *, input_tokens: int | None = None) -> str:
+        """Summarize ``prompt`` (the text the system sends its summarizer model).
+
+        ``input_tokens`` is the prompt's size if the caller counted it (a message list is
+        counted with its framing); otherwise the prompt text is counted here.
+        """
+        n_in = self.counter.text(prompt, cache=False) if input_tokens is None else input_tokens
+        text = summary_text(prompt, self.counter)
+        started = time.perf_counter()
+        time.sleep(SUMMARIZER_SECONDS * self.time_scale)
+        elapsed = time.perf_counter() - started
+        seconds = elapsed / self.time_scale if self.time_scale > 0 else 0.0
+        call = SummarizerCall(
+            input_tokens=n_in, output_tokens=self.counter.text(text, cache=False),
+            seconds=seconds, on_agent_thread=threading.get_ident() == self.agent_thread,
+        )
+        with self._lock:
+            self.calls.append(call)
+        return text
+
+
+@dataclass
+class ScriptedModel:
+    """The agent's model: its answer is the transcript's; its latency is a scaled 4.0 s."""
+
+    time_scale: float
+    calls: int = 0
+
+    def call(self) -> None:
+        self.calls += 1
+        time.sleep(MODEL_SECONDS * self.time_scale)

@@ -1,0 +1,204 @@
+"""From per-request records to the B1 tables and charts.
+
+:func:`totals` reduces one :class:`~b1.replay.SystemRun` to the numbers the issue asks for;
+:func:`markdown` renders them (one table per budget, the stress step, each system's
+configuration); :func:`charts` draws billed tokens per call for chosen transcripts;
+:func:`update_section` rewrites only the generated part of the B1 section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cache import PRICES, Prices
+from .replay import SystemRun
+
+__all__ = ["Totals", "charts", "markdown", "totals", "update_section"]
+
+BEGIN = "<!-- B1:generated:begin -->"
+END = "<!-- B1:generated:end -->"
+
+
+@dataclass(frozen=True)
+class Totals:
+    system: str
+    budget: int
+    calls: int
+    billed: int
+    peak: int
+    over_budget: int
+    summarizer_calls: int
+    summarizer_input: int
+    summarizer_output: int
+    #: Summarizer seconds (model time: the scaled sleep divided by the scale) on the agent's
+    #: thread, and on other threads.
+    on_path_s: float
+    off_path_s: float
+    broken_pair_requests: int
+    task_missing: int
+    retrievable: bool
+    cached: int
+    #: Requests that do not extend the previous one (the prefix cache broke: a compaction).
+    prefix_breaks: int
+    agent_dollars: float
+    summarizer_dollars: float
+    wall_s: float
+
+    @property
+    def dollars(self) -> float:
+        return self.agent_dollars + self.summarizer_dollars
+
+    def to_json(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["dollars"] = self.dollars
+        return data
+
+
+def totals(run: SystemRun, prices: Prices = PRICES) -> Totals:
+    requests = [r for t in run.transcripts for r in t.requests]
+    breaks = 0
+    for transcript in run.transcripts:
+        for before, now in zip(transcript.requests, transcript.requests[1:], strict=False):
+            breaks += now.cached < before.tokens
+    calls = run.summarizer_calls
+    s_in = sum(int(c["input_tokens"]) for c in calls)
+    s_out = sum(int(c["output_tokens"]) for c in calls)
+    return Totals(
+        system=run.system, budget=run.budget, calls=len(requests),
+        billed=sum(r.tokens for r in requests), peak=max((r.tokens for r in requests), default=0),
+        over_budget=sum(r.tokens > run.budget for r in requests),
+        summarizer_calls=len(calls), summarizer_input=s_in, summarizer_output=s_out,
+        on_path_s=sum(float(c["seconds"]) for c in calls if c["on_agent_thread"]),
+        off_path_s=sum(float(c["seconds"]) for c in calls if not c["on_agent_thread"]),
+        broken_pair_requests=sum(r.broken_pairs > 0 for r in requests),
+        task_missing=sum(not r.task for r in requests),
+        retrievable=all(t.retrievable for t in run.transcripts),
+        cached=sum(r.cached for r in requests), prefix_breaks=breaks,
+        agent_dollars=sum(prices.request_dollars(r.tokens, r.cached) for r in requests),
+        summarizer_dollars=prices.summarizer_dollars(s_in, s_out),
+        wall_s=sum(t.wall_s for t in run.transcripts),
+    )
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _ratio(value: int, base: int | None) -> str:
+    return f"{value / base:.2f}×" if base else "–"
+
+
+def markdown(runs: Sequence[SystemRun], *, prices: Prices = PRICES) -> str:
+    """The generated tables: per budget, the stress step, and the systems' configurations."""
+    lines: list[str] = []
+    budgets = sorted({r.budget for r in runs})
+    for budget in budgets:
+        at = [totals(r, prices) for r in runs if r.budget == budget]
+        base = next((t.billed for t in at if t.system == "none"), None)
+        base_dollars = next((t.dollars for t in at if t.system == "none"), None)
+        calls = at[0].calls if at else 0
+        lines += [
+            f"#### Budget {budget:,} tokens ({calls} calls)",
+            "",
+            "| system | billed input tokens | vs none | peak request | over budget | "
+            "compactions (prefix breaks) | summarizer calls | summarizer tokens in / out | "
+            "summarizer s on agent's path | broken-pair requests | task missing | originals "
+            "retrievable | cache reads | $ agent | $ summarizer | $ total | vs none |",
+            "|---|" + "---:|" * 15 + "---:|",
+        ]
+        for t in at:
+            lines.append(
+                f"| {t.system} | {_n(t.billed)} | {_ratio(t.billed, base)} | {_n(t.peak)} | "
+                f"{t.over_budget} | {t.prefix_breaks} | {t.summarizer_calls} | "
+                f"{_n(t.summarizer_input)} / {_n(t.summarizer_output)} | {t.on_path_s:.0f} | "
+                f"{t.broken_pair_requests} | {t.task_missing} | "
+                f"{'yes' if t.retrievable else 'no'} | "
+                f"{t.cached / t.billed:.1%} | {t.agent_dollars:.2f} | "
+                f"{t.summarizer_dollars:.3f} | {t.dollars:.2f} | "
+                f"{(t.dollars / base_dollars) if base_dollars else 0:.2f}× |")
+        lines.append("")
+    stress = [r for r in runs if r.stress is not None]
+    if stress:
+        lines += [
+            f"#### Stress step: one more request after {stress[0].stress.transcript}'s "  # type: ignore[union-attr]
+            "868 K-character final tool output",
+            "",
+            "| system | budget | request tokens | over budget | task in request | newest step "
+            "in request | characters of that output sent |",
+            "|---|---:|---:|---|---|---|---:|",
+        ]
+        for run in stress:
+            s = run.stress
+            assert s is not None
+            lines.append(
+                f"| {run.system} | {run.budget:,} | {_n(s.tokens)} | "
+                f"{'yes' if s.tokens > run.budget else 'no'} | {'yes' if s.task else 'no'} | "
+                f"{'yes' if s.newest_step else 'no'} | {_n(s.newest_chars)} |")
+        lines.append("")
+    lines += ["#### How each system was configured and driven", ""]
+    seen: set[str] = set()
+    for run in runs:
+        if run.system in seen:
+            continue
+        seen.add(run.system)
+        lines.append(f"- **{run.system}** — {run.config}. Path: {run.source}.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def charts(runs: Sequence[SystemRun], transcript_ids: Sequence[str], directory: Path,
+           prefix: str = "b1") -> list[Path]:
+    """One PNG per transcript: billed tokens of each call, one line per system, a panel per
+    budget. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    budgets = sorted({r.budget for r in runs})
+    written: list[Path] = []
+    for tid in transcript_ids:
+        fig, axes = plt.subplots(1, len(budgets), figsize=(6.5 * len(budgets), 4.2),
+                                 squeeze=False, sharey=False)
+        for ax, budget in zip(axes[0], budgets, strict=True):
+            for run in runs:
+                if run.budget != budget:
+                    continue
+                match = next((t for t in run.transcripts if t.id == tid), None)
+                if match is None:
+                    continue
+                ys = [r.tokens for r in match.requests]
+                ax.plot(range(1, len(ys) + 1), ys, label=run.system,
+                        linewidth=2.0 if run.system.startswith("sessionfold") else 1.2)
+            ax.axhline(budget, color="black", linestyle="--", linewidth=0.8)
+            ax.set_title(f"{tid} — budget {budget:,}")
+            ax.set_xlabel("model call")
+            ax.set_ylabel("billed input tokens of the request")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        path = directory / f"{prefix}-{re.sub(r'[^A-Za-z0-9_.-]', '_', tid)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def update_section(results_md: Path, generated: str, *, title: str) -> None:
+    """Replace the generated part of the B1 section (between the markers), keeping the rest of
+    the file -- other sections and the hand-written reading of the numbers -- as it is."""
+    block = f"{BEGIN}\n{generated.rstrip()}\n{END}"
+    text = results_md.read_text(encoding="utf-8") if results_md.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = head + block + tail
+    else:
+        text = (text.rstrip() + "\n\n" if text.strip() else "") + f"{title}\n\n{block}\n"
+    results_md.write_text(text, encoding="utf-8")

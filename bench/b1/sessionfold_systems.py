@@ -1,0 +1,207 @@
+"""sessionfold in B1, in process: ``sessionfold.core.compact.fold_window`` on a ledger + window.
+
+Two systems, one engine, one policy (``FoldPolicy(budget_tokens=budget)``: trigger 0.85, target
+0.6, keep 4 turns, layers mask-tool-results → drop-thinking → summarize, clip-oversized on
+append):
+
+- ``sessionfold-inline``: before each call, if the window is over the trigger, fold it there
+  (the agent waits for the summarizer, like the peers do).
+- ``sessionfold-background``: after each call the usage is "reported"; over the trigger, a fold
+  starts on a real thread of its own from a snapshot of the window, and its edit is committed
+  onto the window as it stands when the fold finishes -- the agent has appended and called in
+  the meantime and never waited. The commit is the store's: the items the fold planned on must
+  still be there (appends only add after them), they are replaced, later items are untouched.
+  Past the budget the agent sends anyway (the client's ``over_budget="send"``); only a request
+  over the model's context window (200 k) would fold inline (forced, to half the budget), as the
+  client's overflow fallback does.
+
+This is the *in-process* path: no Redis, Celery or database, so it measures the fold engine and
+the background timing, not the pipeline's own overheads (``bench/RESULTS.md`` says which path
+produced each table).
+
+The summarizer is sessionfold's real ``AnthropicSummarizer`` (its real prompt, markers and usage
+parsing) talking through ``httpx2.MockTransport`` to the shared fake summarizer: ~300 tokens,
+plus -- as a model following the instruction would -- the identifiers the request asks it to
+keep (``must_keep``), so sessionfold's retention check sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.layers import clip_oversized
+from sessionfold.core.messages import Message, parse_message
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.summarizers import AnthropicSummarizer
+from sessionfold.core.window import FoldEdit, WindowItem
+
+from .counting import Counter, Request
+from .fakes import FakeSummarizer
+from .replay import Env
+from .transcripts import Transcript
+
+__all__ = ["CONTEXT_WINDOW", "SessionfoldBackground", "SessionfoldInline", "fake_summarizer"]
+
+#: The scripted model's context window: a request over it would be rejected (overflow).
+CONTEXT_WINDOW = 200_000
+SUMMARIZER_MODEL = "b1-fake-summarizer"
+_MUST_KEEP = re.compile(r"<<<must-keep-(\w+)>>>\n(.*?)\n<<<end-must-keep-\1>>>", re.S)
+
+
+def _messages_api_reply(fake: FakeSummarizer, request: httpx2.Request) -> httpx2.Response:
+    body = json.loads(request.content)
+    prompt = "\n\n".join([str(body.get("system", "")),
+                          *(str(m["content"]) for m in body["messages"])])
+    keep = [line[2:] for match in _MUST_KEEP.finditer(prompt)
+            for line in match.group(2).splitlines() if line.startswith("- ")]
+    text = fake.summarize(prompt)
+    if keep:
+        text += "\nIdentifiers kept: " + ", ".join(keep)
+    return httpx2.Response(200, json={
+        "id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
+        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": fake.counter.text(prompt, cache=False),
+                  "output_tokens": fake.counter.text(text, cache=False)}})
+
+
+def fake_summarizer(fake: FakeSummarizer) -> AnthropicSummarizer:
+    """sessionfold's own summarizer, answered by the shared fake through a mock transport."""
+    transport = httpx2.MockTransport(lambda request: _messages_api_reply(fake, request))
+    return AnthropicSummarizer(api_key="b1-fake", base_url="http://b1.invalid",
+                               http_client=httpx2.Client(transport=transport),
+                               model=SUMMARIZER_MODEL)
+
+
+def _commit(items: list[WindowItem], edit: FoldEdit) -> list[WindowItem]:
+    """The store's commit, in memory: the planned items must all still be there."""
+    replaced = {id(item) for item in edit.replaced}
+    present = {id(item) for item in items}
+    if not replaced <= present:
+        raise RuntimeError("a fold's planned items changed under it (no concurrent fold runs)")
+    kept = [item for item in items if id(item) not in replaced]
+    return sorted([*kept, *edit.inserted], key=lambda item: item.start_seq)
+
+
+class _Session:
+    """A ledger and its window, with the fold engine; ``background`` picks when folds run."""
+
+    def __init__(self, transcript: Transcript, budget: int, env: Env, *,
+                 background: bool) -> None:
+        self.system = transcript.system
+        self.policy = FoldPolicy(budget_tokens=budget)
+        self.summarizer = fake_summarizer(env.summarizer)
+        self.counter: Counter = env.counter
+        self.background = background
+        self.ledger: list[Message] = []
+        self.items: list[WindowItem] = []
+        self.latched: set[str] = set()
+        # Guards ``items`` and ``latched``: the fold thread commits while the agent appends.
+        self.lock = threading.Lock()
+        self.fold: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # --- the agent's side ---------------------------------------------------------------------
+
+    def append(self, raw: Mapping[str, Any]) -> None:
+        seq = len(self.ledger)
+        message = parse_message(dict(raw), seq)
+        self.ledger.append(message)
+        item = clip_oversized(WindowItem(start_seq=seq, end_seq=seq, message=message), None,
+                              self.policy.max_item_tokens)
+        with self.lock:
+            self.items.append(item)
+
+    def request(self) -> Request:
+        self._raise_fold_error()
+        if not self.background:
+            self._visit(trigger="threshold")
+        request = self._request()
+        if self.counter.request(request) > CONTEXT_WINDOW:
+            # The provider would reject it: the client folds inline (forced) and retries once.
+            self._wait_for_fold()
+            self._visit(trigger="overflow", force=True, target=self.policy.budget_tokens // 2)
+            request = self._request()
+        return request
+
+    def reported(self, request: Request, tokens: int) -> None:
+        if not self.background or tokens <= self.policy.trigger_tokens:
+            return
+        if self.fold is not None and self.fold.is_alive():
+            return  # one fold in flight per session (the scheduler's lock)
+        self.fold = threading.Thread(target=self._fold_in_background, name="b1-fold",
+                                     daemon=True)
+        self.fold.start()
+
+    def finish(self) -> None:
+        self._wait_for_fold()
+        self._raise_fold_error()
+
+    def retained(self) -> list[dict[str, Any]]:
+        return [m.to_json() for m in self.ledger]
+
+    # --- folding ------------------------------------------------------------------------------
+
+    def _request(self) -> Request:
+        with self.lock:
+            items = list(self.items)
+        return Request(self.system, [item.message.to_json() for item in items])
+
+    def _visit(self, *, trigger: Any, force: bool = False, target: int | None = None) -> None:
+        with self.lock:
+            snapshot, latched = list(self.items), set(self.latched)
+        result: FoldResult = fold_window(snapshot, self.policy, self.summarizer,
+                                         system=self.system, trigger=trigger, force=force,
+                                         target_tokens=target, latched=latched)
+        with self.lock:
+            self.latched.update(r.fingerprint for r in result.record.refusals
+                                if r.fingerprint is not None)
+            if result.changed:
+                self.items = _commit(self.items, result.edit)
+
+    def _fold_in_background(self) -> None:
+        try:
+            self._visit(trigger="threshold")
+        except BaseException as exc:  # surfaced on the agent's next call, never swallowed
+            self.error = exc
+
+    def _wait_for_fold(self) -> None:
+        if self.fold is not None:
+            self.fold.join()
+
+    def _raise_fold_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError("a background fold failed") from self.error
+
+
+class SessionfoldInline:
+    name = "sessionfold-inline"
+
+    def describe(self, budget: int) -> str:
+        p = FoldPolicy(budget_tokens=budget)
+        return (f"in-process fold_window before the call, FoldPolicy(budget_tokens={budget}) "
+                f"[trigger {p.trigger_tokens}, target {p.target_tokens}, keep "
+                f"{p.keep_recent_turns} turns, clip over {p.max_item_tokens}]")
+
+    def session(self, transcript: Transcript, budget: int, env: Env) -> _Session:
+        return _Session(transcript, budget, env, background=False)
+
+
+class SessionfoldBackground:
+    name = "sessionfold-background"
+
+    def describe(self, budget: int) -> str:
+        p = FoldPolicy(budget_tokens=budget)
+        return (f"in-process fold_window on a background thread after an over-trigger usage "
+                f"report, FoldPolicy(budget_tokens={budget}) [trigger {p.trigger_tokens}, "
+                f"target {p.target_tokens}, keep {p.keep_recent_turns} turns, clip over "
+                f"{p.max_item_tokens}]")
+
+    def session(self, transcript: Transcript, budget: int, env: Env) -> _Session:
+        return _Session(transcript, budget, env, background=True)
