@@ -60,24 +60,34 @@ log = logging.getLogger(__name__)
 #: Visit outcomes after which a session waits for its window to grow (or its policy to change).
 NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 
-# Compare-and-set of a session's measured size. KEYS[1]: the session's hash. ARGV: revision,
-# seq, prompt tokens, time, model, input, cache read, cache creation, output, ttl ms.
-# Returns 1 when the event is newer (by revision, then seq) than what the hash holds, else 0.
-# In Lua so the compare and the write are one step however many schedulers race.
+# Compare-and-set of the measured size of every session of a batch, in one call. KEYS: the
+# sessions' hashes. ARGV: revision, seq, prompt tokens, payload (the stream entry's JSON), ttl
+# ms last. Returns one character per key: "1" where the event is newer (by revision, then seq)
+# than what the hash holds and was stored, "0" where it is not. In Lua so each compare and its
+# write are one step however many schedulers race; one call per batch because the client's
+# cost is per command and per argument, not per key.
 _MEASURED_CAS = """
-local cur = redis.call('HMGET', KEYS[1], 'revision', 'seq')
-local rev, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
-if cur[1] then
-  local crev, cseq = tonumber(cur[1]), tonumber(cur[2])
-  if rev < crev or (rev == crev and seq <= cseq) then
-    return 0
+local ttl = ARGV[#ARGV]
+local out = {}
+for i, key in ipairs(KEYS) do
+  local a = (i - 1) * 4
+  local rev, seq = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local cur = redis.call('HMGET', key, 'revision', 'seq')
+  local newer = true
+  if cur[1] then
+    local crev, cseq = tonumber(cur[1]), tonumber(cur[2])
+    newer = rev > crev or (rev == crev and seq > cseq)
+  end
+  if newer then
+    redis.call('HSET', key, 'revision', ARGV[a + 1], 'seq', ARGV[a + 2], 'tokens', ARGV[a + 3],
+               'usage', ARGV[a + 4])
+    redis.call('PEXPIRE', key, ttl)
+    out[i] = '1'
+  else
+    out[i] = '0'
   end
 end
-redis.call('HSET', KEYS[1], 'revision', ARGV[1], 'seq', ARGV[2], 'tokens', ARGV[3],
-           'time', ARGV[4], 'model', ARGV[5], 'input', ARGV[6], 'cache_read', ARGV[7],
-           'cache_creation', ARGV[8], 'output', ARGV[9])
-redis.call('PEXPIRE', KEYS[1], ARGV[10])
-return 1
+return table.concat(out)
 """
 
 
@@ -185,7 +195,7 @@ class Scheduler:
         stats.events += len(entries)
         latest = _latest_per_session(entries)
         stats.superseded += len(entries) - len(latest)
-        known = {sid: ev for sid, ev in latest.items() if self._cached_info(sid) is not None}
+        known = {sid: e for sid, e in latest.items() if self._cached_info(sid) is not None}
         stats.unknown += len(latest) - len(known)
         accepted = self._compare_and_set(known.values())
         stats.superseded += len(known) - len(accepted)
@@ -224,19 +234,20 @@ class Scheduler:
         return len(stats.enqueued) - before
 
     # --- steps -------------------------------------------------------------------------------
-    def _compare_and_set(self, events: Iterable[UsageEvent]) -> list[UsageEvent]:
-        events = list(events)
-        if not events:
+    def _compare_and_set(self, latest: Iterable[StreamEntry]) -> list[UsageEvent]:
+        entries = list(latest)
+        if not entries:
             return []
+        keys: list[str] = []
+        args: list[bytes | str | int] = []
+        for entry in entries:
+            ev = entry.event
+            keys.append(self.keys.measured(ev.session_id))
+            args += [ev.revision, ev.seq, ev.prompt_tokens, entry.payload or ev.to_payload()]
+        args.append(self._measured_ttl_ms)
         with mapped_errors("recording measured sizes"):
-            pipe = self._client.pipeline(transaction=False)
-            for ev in events:
-                self._cas(keys=[self.keys.measured(ev.session_id)], client=pipe, args=[
-                    ev.revision, ev.seq, ev.prompt_tokens, repr(float(ev.time)), ev.model,
-                    ev.input_tokens, ev.cache_read_input_tokens, ev.cache_creation_input_tokens,
-                    ev.output_tokens, self._measured_ttl_ms])
-            results = pipe.execute()
-        return [ev for ev, ok in zip(events, results, strict=True) if int(ok) == 1]
+            flags = self._cas(keys=keys, args=args)
+        return [e.event for e, ok in zip(entries, bytes(flags), strict=True) if ok == ord("1")]
 
     def _may_be_over(self, info: SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
@@ -314,13 +325,13 @@ class Scheduler:
             self._verdicts = {k: v for k, v in self._verdicts.items() if k in self._infos}
 
 
-def _latest_per_session(entries: Sequence[StreamEntry]) -> dict[str, UsageEvent]:
-    latest: dict[str, UsageEvent] = {}
+def _latest_per_session(entries: Sequence[StreamEntry]) -> dict[str, StreamEntry]:
+    latest: dict[str, StreamEntry] = {}
     for entry in entries:
-        ev = entry.event
-        held = latest.get(ev.session_id)
-        if held is None or ev.position > held.position:
-            latest[ev.session_id] = ev
+        sid = entry.event.session_id
+        held = latest.get(sid)
+        if held is None or entry.event.position > held.event.position:
+            latest[sid] = entry
     return latest
 
 

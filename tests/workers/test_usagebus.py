@@ -13,7 +13,13 @@ import redis
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.usagebus import StreamEntry, UsageConsumer, UsageEvent, UsagePublisher
+from sessionfold.workers.usagebus import (
+    FIELD,
+    StreamEntry,
+    UsageConsumer,
+    UsageEvent,
+    UsagePublisher,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -47,6 +53,7 @@ def test_an_event_round_trips_through_the_stream(redis_conn: redis.Redis,
                     output_tokens=350, model="claude-haiku-5-5", time=1_700_000_000.25)
     publish(redis_conn, redis_keys, [ev])
     [(_, fields)] = redis_conn.xrange(redis_keys.usage_stream())
+    assert list(fields) == [FIELD]  # one field: readers pay per field
     assert UsageEvent.from_fields(fields) == ev
     assert ev.prompt_tokens == 32_000
     assert ev.position == (7, 41)
@@ -148,12 +155,14 @@ def test_a_dead_consumers_unacked_entries_are_claimed_by_another(
 def test_malformed_entries_are_acknowledged_and_skipped(redis_conn: redis.Redis,
                                                         redis_keys: Keys) -> None:
     stream = redis_keys.usage_stream()
-    redis_conn.xadd(stream, {"session": "s1", "seq": "x"})
-    redis_conn.xadd(stream, {"nonsense": "1"})
+    redis_conn.xadd(stream, {"session": "s1", "seq": "3"})  # not our layout
+    redis_conn.xadd(stream, {FIELD: b"{not json"})
+    redis_conn.xadd(stream, {FIELD: b'["s1", 1, 2]'})  # too short
+    redis_conn.xadd(stream, {FIELD: b'["s1", -1, 2, 10, 0, 0, 0, "m", 1.0]'})  # negative seq
     publish(redis_conn, redis_keys, [event(seq=9)])
     c = consumer(redis_conn, redis_keys, "a")
     assert [e.event.seq for e in c.read()] == [9]
-    assert c.malformed == 2
+    assert c.malformed == 4
     assert pending(redis_conn, redis_keys) == 1
 
 
@@ -235,7 +244,7 @@ def test_publishing_with_redis_down_never_raises_and_flushes_after_restart(
     clock.now += 10.0
     assert publisher.publish(event(seq=14))
     assert publisher.buffered == 0
-    seqs = [int(f[b"seq"]) for _, f in client.xrange(keys.usage_stream())]
+    seqs = [UsageEvent.from_fields(f).seq for _, f in client.xrange(keys.usage_stream())]
     assert seqs == [9, 10, 11, 12, 13, 14]  # the new server lost seq 0; order kept
     assert any("reachable again" in r.getMessage() for r in caplog.records)
 
@@ -251,7 +260,7 @@ def test_a_zero_buffer_drops_during_an_outage(private_redis: Any) -> None:
     private_redis.start()
     clock.now += 10
     assert publisher.publish(event(seq=3))
-    assert [int(f[b"seq"]) for _, f in client.xrange("z:usage")] == [3]
+    assert [UsageEvent.from_fields(f).seq for _, f in client.xrange("z:usage")] == [3]
 
 
 def test_one_publisher_serves_many_threads(redis_conn: redis.Redis, redis_keys: Keys) -> None:
@@ -268,6 +277,7 @@ def test_one_publisher_serves_many_threads(redis_conn: redis.Redis, redis_keys: 
         th.join()
     entries = redis_conn.xrange(redis_keys.usage_stream())
     assert len(entries) == 400
+    events = [UsageEvent.from_fields(f) for _, f in entries]
     for t in range(8):
-        mine = [int(f[b"seq"]) for _, f in entries if f[b"session"] == f"s{t}".encode()]
+        mine = [ev.seq for ev in events if ev.session_id == f"s{t}"]
         assert mine == list(range(50))  # each thread's events in its order
