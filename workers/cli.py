@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "sessionfold.workers.commands.compact",
     "sessionfold.workers.commands.store",
     "sessionfold.workers.commands.pipeline",
+    "sessionfold.workers.commands.demo",
 )
 
 EXIT_OK = 0
