@@ -1,0 +1,96 @@
+"""Claiming a session for a fold: the store-side fence that makes duplicate jobs harmless.
+
+A fold job claims its session *before* it pays for a summary. The claim is one short transaction
+under the session row lock, so of any number of concurrent deliveries of a job exactly one sees
+the session unclaimed; it raises ``fold_epoch`` (the fence its commit must still match) and
+holds a lease. The rest stop:
+
+- ``already-committed``: a fold by this job id is already committed (a redelivery after the job
+  finished);
+- ``newer-claim``: a live lease is held, by any job, this one included (a duplicate delivery is
+  running right now); or the session was claimed after this job was enqueued
+  (``fold_epoch > enqueued_epoch``) by another job.
+
+A job whose own earlier attempt died keeps ``claimed_by`` pointing at it after the lease expired:
+its redelivery may claim again (a new epoch: the dead attempt, should it wake up, is stale).
+
+A job that released its claim (a visit recorded after a transient summarizer error) and retries
+under the same id passes the epoch it claimed as ``enqueued_epoch``: it claims again unless
+someone else claimed in between.
+
+``force=True`` (the inline overflow fallback) always claims: it raises the epoch under any live
+lease, so an in-flight background fold of the same session fails its commit as stale.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sessionfold.core.errors import InvalidInputError
+from sqlalchemy.engine import Connection
+
+from .results import Claim
+from .schema import compaction_records, sessions
+from .sessions import lock_session
+
+__all__ = ["DEFAULT_LEASE_S", "check_job_id", "claim_locked", "committed_fold_record"]
+
+#: Longer than a fold job may run (the workers' task time limit), shorter than a broker's
+#: visibility timeout, so a killed job's session is free again before its message is redelivered.
+DEFAULT_LEASE_S = 300.0
+
+
+def check_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 255:
+        raise InvalidInputError(f"a job id must be a string of 1 to 255 characters, "
+                                f"got {job_id!r:.80}")
+    return job_id
+
+
+def committed_fold_record(conn: Connection, sid: str, job_id: str) -> int | None:
+    """The id of the record of a fold this job committed, if it did."""
+    record: int | None = conn.execute(
+        sa.select(compaction_records.c.id)
+        .where(compaction_records.c.session_id == sid, compaction_records.c.job_id == job_id,
+               compaction_records.c.outcome == "folded")
+        .order_by(compaction_records.c.id)
+        .limit(1)).scalar()
+    return record
+
+
+def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int | None,
+                 lease_s: float, force: bool, now: datetime) -> Claim:
+    """Claim ``sid`` for ``job_id`` under the session lock (see the module doc)."""
+    if enqueued_epoch is not None and (isinstance(enqueued_epoch, bool)
+                                       or not isinstance(enqueued_epoch, int)):
+        raise InvalidInputError(f"enqueued_epoch must be an integer, got {enqueued_epoch!r}")
+    if not isinstance(lease_s, int | float) or not math.isfinite(lease_s) or lease_s <= 0:
+        raise InvalidInputError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+    row = lock_session(conn, sid)
+    live = row.claimed_by is not None and row.claim_expires_at is not None \
+        and row.claim_expires_at > now
+
+    def refuse(status: str, detail: str) -> Claim:
+        return Claim(status=status, session_id=sid, job_id=job_id,  # type: ignore[arg-type]
+                     epoch=row.fold_epoch, revision=row.revision,
+                     holder=row.claimed_by if live else None,
+                     expires_at=row.claim_expires_at if live else None, detail=detail)
+
+    if not force:
+        if committed_fold_record(conn, sid, job_id) is not None:
+            return refuse("already-committed", f"job {job_id!r} already committed its fold")
+        if live:
+            return refuse("newer-claim", f"job {row.claimed_by!r} holds the session until "
+                          f"{row.claim_expires_at.isoformat(timespec='seconds')}")
+        own_retry = row.claimed_by == job_id  # our own earlier attempt died; its lease expired
+        if enqueued_epoch is not None and row.fold_epoch > enqueued_epoch and not own_retry:
+            return refuse("newer-claim", f"the session was claimed (epoch {row.fold_epoch}) "
+                          f"after this job was enqueued (epoch {enqueued_epoch})")
+    epoch = row.fold_epoch + 1
+    expires = now + timedelta(seconds=float(lease_s))
+    conn.execute(sessions.update().where(sessions.c.id == sid).values(
+        fold_epoch=epoch, claimed_by=job_id, claim_expires_at=expires, updated_at=now))
+    return Claim(status="claimed", session_id=sid, job_id=job_id, epoch=epoch,
+                 revision=row.revision, holder=job_id, expires_at=expires)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the session store, shipped inside the package (see ``store.migrate``)."""

@@ -1,0 +1,1 @@
+"""Alembic revisions of the session store schema, oldest first."""

@@ -1,0 +1,200 @@
+"""Session rows: create, look up, lock, change policy, pause, list, find over budget, delete.
+
+A session row carries everything a writer decides on (next seq, revision, fold fence, sizes), so
+every write transaction starts by locking it (:func:`lock_session`): appends, usage reports,
+claims and fold commits of one session queue on that row lock, and nothing else is shared.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.tokens import Calibration, TokenCounter
+from sqlalchemy.engine import Connection, Row
+
+from .results import SessionInfo
+from .schema import (
+    append_keys,
+    compaction_records,
+    folds,
+    ledger,
+    refusal_latches,
+    sessions,
+    window_items,
+)
+
+__all__ = [
+    "check_session_id",
+    "current_tokens",
+    "delete_session",
+    "insert_session",
+    "list_sessions",
+    "load_session",
+    "lock_session",
+    "over_budget",
+    "session_info",
+    "set_paused",
+    "set_policy",
+]
+
+MAX_ID_LEN = 255
+
+
+def check_session_id(sid: object) -> str:
+    """A session id is a non-empty string of at most 255 characters without control chars."""
+    if not isinstance(sid, str):
+        raise InvalidInputError(f"a session id must be a string, got {type(sid).__name__}")
+    if not sid or len(sid) > MAX_ID_LEN:
+        raise InvalidInputError(f"a session id must be 1 to {MAX_ID_LEN} characters, "
+                                f"got {len(sid)}")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in sid):
+        raise InvalidInputError(f"a session id must not contain control characters: {sid!r}")
+    return sid
+
+
+def check_policy(policy: object) -> FoldPolicy:
+    if not isinstance(policy, FoldPolicy):
+        raise InvalidInputError(f"policy must be a FoldPolicy, got {type(policy).__name__}")
+    return policy
+
+
+def current_tokens(*, measured_tokens: int | None, pending_tokens: int, system_tokens: int,
+                   window_tokens: int, calibration: Calibration) -> int:
+    """The size the trigger compares (see :attr:`SessionInfo.current_tokens`).
+
+    After a report: what the provider counted, plus what was appended since scaled by the
+    calibrated slope (the offset ``b`` is already inside the report). Never measured: the
+    calibrated estimate of the whole request.
+    """
+    if measured_tokens is not None:
+        slope = calibration.a if calibration.samples else 1.0
+        return measured_tokens + round(slope * pending_tokens)
+    return calibration.predict(system_tokens + window_tokens)
+
+
+def _not_found(sid: str) -> SessionNotFoundError:
+    return SessionNotFoundError(f"no session {sid!r} in the store")
+
+
+def load_session(conn: Connection, sid: str) -> Row[Any]:
+    row = conn.execute(sa.select(sessions).where(sessions.c.id == sid)).first()
+    if row is None:
+        raise _not_found(sid)
+    return row
+
+
+def lock_session(conn: Connection, sid: str) -> Row[Any]:
+    """The session row, locked for this transaction (SessionNotFoundError if absent).
+
+    FOR NO KEY UPDATE rather than FOR UPDATE: inserts into the child tables take KEY SHARE locks
+    on this row for their foreign keys, and must not queue behind a lock that never changes the
+    key. (SQLite ignores the clause: ``BEGIN IMMEDIATE`` already holds the database write lock.)
+    """
+    row = conn.execute(
+        sa.select(sessions).where(sessions.c.id == sid).with_for_update(key_share=True)
+    ).first()
+    if row is None:
+        raise _not_found(sid)
+    return row
+
+
+def session_info(row: Row[Any]) -> SessionInfo:
+    m = row._mapping
+    return SessionInfo(
+        id=m["id"],
+        policy=FoldPolicy.from_json(m["policy"]),
+        system=m["system"],
+        revision=m["revision"],
+        fold_revision=m["fold_revision"],
+        fold_epoch=m["fold_epoch"],
+        claimed_by=m["claimed_by"],
+        claim_expires_at=m["claim_expires_at"],
+        paused=bool(m["paused"]),
+        ledger_len=m["next_seq"],
+        window_tokens=m["window_tokens"],
+        system_tokens=m["system_tokens"],
+        measured_tokens=m["measured_tokens"],
+        measured_seq=m["measured_seq"],
+        measured_revision=m["measured_revision"],
+        calibration=Calibration.model_validate(m["calibration"]),
+        current_tokens=m["current_tokens"],
+        trigger_tokens=m["trigger_tokens"],
+        last_visit_outcome=m["last_visit_outcome"],
+        last_visit_tokens=m["last_visit_tokens"],
+        last_visit_at=m["last_visit_at"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+    )
+
+
+def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, *,
+                   now: datetime, counter: TokenCounter) -> None:
+    system_tokens = counter.system(system)
+    calibration = Calibration()
+    conn.execute(sessions.insert().values(
+        id=sid, policy=policy.to_json(), system=system, system_tokens=system_tokens,
+        revision=0, fold_revision=0, fold_epoch=0, claimed_by=None, claim_expires_at=None,
+        paused=False, next_seq=0, tail_tool_use_ids=[], window_tokens=0,
+        measured_tokens=None, measured_seq=None, measured_revision=None, pending_tokens=0,
+        calibration=calibration.to_json(),
+        current_tokens=current_tokens(measured_tokens=None, pending_tokens=0,
+                                      system_tokens=system_tokens, window_tokens=0,
+                                      calibration=calibration),
+        trigger_tokens=policy.trigger_tokens, last_visit_outcome=None, last_visit_tokens=None,
+        last_visit_at=None, created_at=now, updated_at=now,
+    ))
+
+
+def set_policy(conn: Connection, sid: str, policy: FoldPolicy, *, now: datetime) -> None:
+    lock_session(conn, sid)
+    conn.execute(sessions.update().where(sessions.c.id == sid).values(
+        policy=policy.to_json(), trigger_tokens=policy.trigger_tokens, updated_at=now))
+
+
+def set_paused(conn: Connection, sid: str, paused: bool, *, now: datetime) -> None:
+    lock_session(conn, sid)
+    conn.execute(sessions.update().where(sessions.c.id == sid).values(
+        paused=paused, updated_at=now))
+
+
+def delete_session(conn: Connection, sid: str) -> bool:
+    """Delete a session with everything it holds; False if there was none.
+
+    The children are deleted explicitly (not only by ON DELETE CASCADE) so that a SQLite file
+    opened without ``PRAGMA foreign_keys`` by another tool cannot leave orphans behind.
+    """
+    exists = conn.execute(
+        sa.select(sessions.c.id).where(sessions.c.id == sid).with_for_update(key_share=True)
+    ).first()
+    if exists is None:
+        return False
+    for table in (window_items, ledger, folds, compaction_records, append_keys,
+                  refusal_latches):
+        conn.execute(table.delete().where(table.c.session_id == sid))
+    conn.execute(sessions.delete().where(sessions.c.id == sid))
+    return True
+
+
+def list_sessions(conn: Connection, *, limit: int, after: str | None) -> list[SessionInfo]:
+    query = sa.select(sessions).order_by(sessions.c.id).limit(limit)
+    if after is not None:
+        query = query.where(sessions.c.id > after)
+    return [session_info(row) for row in conn.execute(query)]
+
+
+def over_budget(conn: Connection, *, limit: int) -> list[SessionInfo]:
+    """Sessions whose current size passes their trigger, not paused, most over first.
+
+    The WHERE and ORDER BY use the very expression ``ix_sessions_over_budget`` indexes, so both
+    backends answer with one index range scan, however many sessions are under budget.
+    """
+    over = sessions.c.current_tokens - sessions.c.trigger_tokens
+    query = (sa.select(sessions)
+             .where(sessions.c.paused == sa.false(), over > 0)
+             .order_by(over.desc())
+             .limit(limit))
+    return [session_info(row) for row in conn.execute(query)]

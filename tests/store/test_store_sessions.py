@@ -1,0 +1,128 @@
+"""Sessions: create, look up, change policy, pause, list, find over budget, delete."""
+
+from __future__ import annotations
+
+import pytest
+from sessionfold.core.errors import InvalidInputError, InvalidPolicyError, SessionNotFoundError
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.store import SessionStore
+from store_helpers import row_counts, turn, user
+
+POLICY = FoldPolicy(budget_tokens=4000)
+
+
+def test_a_created_session_starts_empty_and_reads_back(store: SessionStore) -> None:
+    info = store.create_session("agent-1", POLICY, system="You are terse.")
+    assert (info.id, info.policy, info.system) == ("agent-1", POLICY, "You are terse.")
+    assert (info.revision, info.ledger_len, info.fold_epoch, info.window_tokens) == (0, 0, 0, 0)
+    assert info.system_tokens > 0 and info.current_tokens == info.system_tokens
+    assert info.trigger_tokens == POLICY.trigger_tokens and not info.over_budget
+    assert store.get_session("agent-1") == info
+    window = store.read_window("agent-1")
+    assert (window.system, window.revision, window.items) == ("You are terse.", 0, [])
+
+
+def test_creating_an_existing_session_fails_unless_exist_ok(store: SessionStore) -> None:
+    store.create_session("a", POLICY, system="first")
+    with pytest.raises(InvalidInputError, match="already exists"):
+        store.create_session("a", POLICY, system="second")
+    again = store.create_session("a", FoldPolicy(budget_tokens=9000), system="x", exist_ok=True)
+    assert again.system == "first" and again.policy == POLICY
+
+
+def test_unknown_sessions_raise_session_not_found_everywhere(store: SessionStore) -> None:
+    for call in (
+        lambda: store.get_session("nope"),
+        lambda: store.read_window("nope"),
+        lambda: store.read_ledger("nope"),
+        lambda: store.append("nope", [user("hi")]),
+        lambda: store.record_usage("nope", {"input_tokens": 5}, seq=0, revision=0),
+        lambda: store.claim("nope", "job"),
+        lambda: store.set_policy("nope", POLICY),
+        lambda: store.set_paused("nope", True),
+        lambda: store.spans("nope"),
+        lambda: store.records("nope"),
+        lambda: store.latched("nope"),
+        lambda: store.recover("nope", 0, 0),
+        lambda: store.export("nope"),
+    ):
+        with pytest.raises(SessionNotFoundError, match="nope"):
+            call()
+    assert store.delete_session("nope") is False
+    assert sum(row_counts(store).values()) == 0
+
+
+@pytest.mark.parametrize("bad", [None, 7, "", "x" * 256, "tab\there"])
+def test_bad_session_ids_are_refused(store: SessionStore, bad: object) -> None:
+    with pytest.raises(InvalidInputError, match="session id"):
+        store.create_session(bad, POLICY)  # type: ignore[arg-type]
+    assert sum(row_counts(store).values()) == 0
+
+
+def test_bad_policies_and_systems_are_refused(store: SessionStore) -> None:
+    with pytest.raises(InvalidInputError, match="FoldPolicy"):
+        store.create_session("a", {"budget_tokens": 4000})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="system must be a string"):
+        store.create_session("a", POLICY, system=["no"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidPolicyError):
+        store.create_session("a", FoldPolicy(budget_tokens=10))
+    assert sum(row_counts(store).values()) == 0
+
+
+def test_policy_changes_move_the_trigger(store: SessionStore) -> None:
+    store.create_session("a", POLICY)
+    store.set_policy("a", FoldPolicy(budget_tokens=8000, trigger_ratio=0.5, target_ratio=0.25))
+    info = store.get_session("a")
+    assert info.policy.budget_tokens == 8000 and info.trigger_tokens == 4000
+
+
+def test_over_budget_finds_unpaused_sessions_past_their_trigger_most_over_first(
+        store: SessionStore) -> None:
+    small = FoldPolicy(budget_tokens=1000)  # trigger 850
+    for sid, steps in (("quiet", 0), ("over", 12), ("far-over", 30), ("paused", 30)):
+        store.create_session(sid, small)
+        for i in range(steps):
+            store.append(sid, turn(f"{sid}{i}"))
+    store.set_paused("paused", True)
+    found = [s.id for s in store.over_budget()]
+    assert found == ["far-over", "over"]
+    assert all(s.current_tokens > s.trigger_tokens for s in store.over_budget())
+    assert [s.id for s in store.over_budget(limit=1)] == ["far-over"]
+    store.set_paused("paused", False)
+    assert set(s.id for s in store.over_budget()) == {"far-over", "over", "paused"}
+    store.set_policy("over", FoldPolicy(budget_tokens=100_000))
+    assert "over" not in {s.id for s in store.over_budget()}
+
+
+def test_list_sessions_pages_by_id(store: SessionStore) -> None:
+    for sid in ("c", "a", "e", "b", "d"):
+        store.create_session(sid, POLICY)
+    first = store.list_sessions(limit=2)
+    assert [s.id for s in first] == ["a", "b"]
+    rest = store.list_sessions(limit=10, after=first[-1].id)
+    assert [s.id for s in rest] == ["c", "d", "e"]
+    with pytest.raises(InvalidInputError, match="limit"):
+        store.list_sessions(limit=0)
+
+
+def test_delete_removes_the_session_and_everything_it_holds(store: SessionStore) -> None:
+    store.create_session("gone", FoldPolicy(budget_tokens=1000, keep_recent_turns=1))
+    store.create_session("kept", POLICY)
+    store.append("gone", [user("task")], key="k1")
+    for i in range(10):
+        store.append("gone", turn(str(i)))
+    store.append("kept", [user("hello")])
+    from store_helpers import plan
+    claim = store.claim("gone", "job-1")
+    store.commit_fold("gone", plan(store, "gone"), epoch=claim.epoch, job_id="job-1")
+    assert store.spans("gone") and store.records("gone")
+    store.dead_letter("job-9", "gone", "gave up", 3, {"why": "test"})
+    before = row_counts(store)
+    assert store.delete_session("gone") is True
+    after = row_counts(store)
+    assert after["sessions"] == 1 and after["ledger"] == 1 and after["window_items"] == 1
+    assert after["folds"] == after["compaction_records"] == after["append_keys"] == 0
+    assert after["dead_letters"] == before["dead_letters"] == 1  # kept for the operator
+    with pytest.raises(SessionNotFoundError):
+        store.get_session("gone")
+    assert store.read_window("kept").messages()[0].content == "hello"

@@ -1,0 +1,121 @@
+"""Provider usage: the measured size, the calibration, and the fence against stale reports."""
+
+from __future__ import annotations
+
+import pytest
+from sessionfold.core.errors import InvalidInputError, UsageUnmeasurableError
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.store import SessionStore, UsageReport
+from store_helpers import hand_fold, turn, user
+
+POLICY = FoldPolicy(budget_tokens=4000)
+
+
+def _session(store: SessionStore, steps: int = 3, policy: FoldPolicy = POLICY) -> int:
+    store.create_session("a", policy, system="be brief")
+    store.append("a", [user("task")])
+    for i in range(steps):
+        store.append("a", turn(str(i)))
+    return store.get_session("a").revision
+
+
+def test_a_report_sets_the_measured_size_and_calibrates_the_estimate(store: SessionStore) -> None:
+    revision = _session(store)
+    before = store.get_session("a")
+    assert before.measured_tokens is None and before.calibration.samples == 0
+    estimate = before.system_tokens + before.window_tokens
+    assert before.current_tokens == estimate  # uncalibrated: the plain estimate
+    reported = 2 * estimate
+    result = store.record_usage("a", {"input_tokens": reported - 300,
+                                      "cache_read_input_tokens": 200,
+                                      "cache_creation_input_tokens": 100},
+                                seq=6, revision=revision)
+    assert result.accepted and result.current_tokens == reported
+    info = store.get_session("a")
+    assert (info.measured_tokens, info.measured_seq, info.measured_revision) == (
+        reported, 6, revision)
+    assert info.calibration.samples == 1 and info.calibration.a == pytest.approx(2.0)
+    # What is appended after the report counts at the calibrated slope on top of it.
+    added = store.append("a", turn("more"))
+    after = store.get_session("a")
+    grown = after.window_tokens - info.window_tokens
+    assert after.current_tokens == reported + round(2.0 * grown)
+    assert added.revision == after.revision
+
+
+def test_a_report_on_an_earlier_part_of_the_window_counts_what_came_after(
+        store: SessionStore) -> None:
+    revision = _session(store)
+    items = store.read_window("a").items
+    later = sum(i.tokens or 0 for i in items if i.start_seq > 2)
+    result = store.record_usage("a", {"input_tokens": 1000}, seq=2, revision=revision)
+    assert result.accepted and result.current_tokens == 1000 + round(
+        store.get_session("a").calibration.a * later)
+
+
+def test_older_reports_never_overwrite_newer_ones(store: SessionStore) -> None:
+    revision = _session(store)
+    assert store.record_usage("a", {"input_tokens": 900}, seq=6, revision=revision).accepted
+    older = store.record_usage("a", {"input_tokens": 5}, seq=4, revision=revision)
+    assert not older.accepted and store.get_session("a").measured_tokens == 900
+    earlier_revision = store.record_usage("a", {"input_tokens": 5}, seq=6,
+                                          revision=revision - 1)
+    assert not earlier_revision.accepted
+    same = store.record_usage("a", {"input_tokens": 950}, seq=6, revision=revision)
+    assert same.accepted and store.get_session("a").measured_tokens == 950
+
+
+def test_a_report_built_before_the_last_fold_is_ignored(store: SessionStore) -> None:
+    revision = _session(store, steps=6)
+    claim = store.claim("a", "job-1")
+    items = store.read_window("a").items
+    committed = store.commit_fold("a", hand_fold(items, 1, 7), epoch=claim.epoch,
+                                  job_id="job-1")
+    info = store.get_session("a")
+    assert info.fold_revision == committed.revision and info.measured_tokens == 1000
+    stale = store.record_usage("a", {"input_tokens": 99_999}, seq=12, revision=revision)
+    assert not stale.accepted
+    assert store.get_session("a").measured_tokens == 1000
+    fresh = store.record_usage("a", {"input_tokens": 1100}, seq=12, revision=committed.revision)
+    assert fresh.accepted and store.get_session("a").measured_tokens == 1100
+
+
+def test_zero_usage_is_refused_unless_the_policy_measures_by_estimate(
+        store: SessionStore) -> None:
+    revision = _session(store)
+    with pytest.raises(UsageUnmeasurableError, match="zero prompt tokens"):
+        store.record_usage("a", {"input_tokens": 0}, seq=6, revision=revision)
+    store.set_policy("a", FoldPolicy(budget_tokens=4000, measure="estimate"))
+    result = store.record_usage("a", {"input_tokens": 0}, seq=6, revision=revision)
+    assert not result.accepted and store.get_session("a").measured_tokens is None
+
+
+@pytest.mark.parametrize(("seq", "revision", "match"), [
+    (7, 4, "names seq 7"), (-1, 4, "seq must be"), (0, 99, "revision 99"),
+    (0, "4", "revision must be"), (True, 4, "seq must be"),
+])
+def test_impossible_reports_are_refused(store: SessionStore, seq: object, revision: object,
+                                        match: str) -> None:
+    _session(store)
+    with pytest.raises(InvalidInputError, match=match):
+        store.record_usage("a", {"input_tokens": 10}, seq=seq, revision=revision)  # type: ignore[arg-type]
+    assert store.get_session("a").measured_tokens is None
+
+
+def test_a_batch_keeps_the_latest_report_per_session(store: SessionStore) -> None:
+    revision = _session(store)
+    store.create_session("b", POLICY)
+    store.append("b", [user("task b")])
+    reports = [
+        UsageReport("a", {"input_tokens": 700}, seq=6, revision=revision),
+        UsageReport("b", {"input_tokens": 300}, seq=0, revision=1),
+        UsageReport("a", {"input_tokens": 500}, seq=4, revision=revision),  # older: loses
+        UsageReport("ghost", {"input_tokens": 1}, seq=0, revision=1),     # deleted: skipped
+        UsageReport("b", {"input_tokens": 0}, seq=0, revision=1),         # latest of b: zero
+    ]
+    assert store.record_usage_batch(reports) == 1
+    assert store.get_session("a").measured_tokens == 700
+    assert store.get_session("b").measured_tokens is None
+    assert store.record_usage_batch([]) == 0
+    with pytest.raises(InvalidInputError, match="UsageReport"):
+        store.record_usage_batch([("a", {}, 1, 1)])  # type: ignore[list-item]
