@@ -49,7 +49,7 @@ from sessionfold.core.summarizers import Summarizer
 
 from .folding import make_summarizer
 from .gate import GatedSummarizer, SpendCap, SummarizerSlots
-from .keys import Keys
+from .keys import FOLD_QUEUE, Keys
 from .redis_conn import EmbeddedRedis, redis_client
 
 if TYPE_CHECKING:
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 __all__ = [
-    "FOLD_QUEUE",
     "FOLD_TASK",
     "WorkerRuntime",
     "app_from_env",
@@ -73,7 +72,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FOLD_TASK = "sessionfold.fold_session"
-FOLD_QUEUE = "sessionfold.fold"
 
 
 def broker_url(redis_url: str) -> str:

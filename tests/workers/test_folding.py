@@ -10,12 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from pipeline_harness import (
-    PostgresDatabases,
-    postgres_dbs,  # noqa: F401 (a fixture)
-    transcript_session,
-    wait_until,
-)
+from pipeline_harness import postgres_url, transcript_session, wait_until
 from sessionfold.core.errors import PermanentSummarizerError, TransientSummarizerError
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
@@ -65,8 +60,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionSto
         with SessionStore.from_url(url) as s:
             s.migrate()
     else:
-        dbs: PostgresDatabases = request.getfixturevalue("postgres_dbs")
-        url = dbs.create()
+        url = postgres_url(request)
     with SessionStore.from_url(url) as s:
         yield s
 

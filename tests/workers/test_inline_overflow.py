@@ -11,10 +11,8 @@ from typing import Any
 import anthropic
 import pytest
 from pipeline_harness import (
-    PipelineProcess,
-    PostgresDatabases,
-    postgres_dbs,  # noqa: F401 (a fixture)
-    processes,  # noqa: F401 (a fixture)
+    postgres_url,
+    started,
     transcript_session,
     wait_until,
     worker_process,
@@ -110,17 +108,16 @@ def test_async_call_folds_inline_on_overflow(
 
 
 def test_inline_fold_wins_over_a_background_fold_in_flight(
-        make_settings: Callable[..., Settings], postgres_dbs: PostgresDatabases,
-        processes: list[PipelineProcess], tmp_path: Path, conversation: list[Message]) -> None:
-    database = postgres_dbs.create()
+        make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
+        tmp_path: Path, conversation: list[Message]) -> None:
+    database = postgres_url(request)
     summarizer_api = FakeProvider()  # the worker's summarizer model, held mid-call below
     summarizer_api.hold()
     with summarizer_api.serve() as server:
         worker_settings = make_settings(database_url=database, summarizer="anthropic",
                                         anthropic_api_key="sk-fake",
                                         anthropic_base_url=server.base_url, metrics_port=0)
-        worker = worker_process(worker_settings, tmp_path / "worker.log").start()
-        processes.append(worker)
+        started(request, worker_process(worker_settings, tmp_path / "worker.log"))
         with connect(make_settings(database_url=database)) as client:
             agent = _agent(client, conversation)
             app = make_celery(worker_settings)

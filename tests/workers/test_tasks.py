@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 from pipeline_harness import (
-    PostgresDatabases,
-    open_postgres,
+    postgres_url,
+    started,
     transcript_session,
     wait_until,
     worker_process,
@@ -94,24 +94,22 @@ class Pipeline:
 
 
 @pytest.fixture(scope="module")
-def pipeline(redis_url: str, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Pipeline]:
-    postgres: PostgresDatabases = open_postgres()
+def pipeline(redis_url: str, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[Pipeline]:
     tmp = tmp_path_factory.mktemp("tasks")
     prefix = f"sftest:tasks:{uuid.uuid4().hex[:8]}:"
     provider = FakeProvider()
     conn = redis_client(redis_url)
     with provider.serve() as server:
         settings = Settings(
-            redis_url=redis_url, database_url=postgres.create(), key_prefix=prefix,
+            redis_url=redis_url, database_url=postgres_url(request), key_prefix=prefix,
             data_dir=tmp / "data", summarizer="anthropic", anthropic_api_key="sk-fake",
             anthropic_base_url=server.base_url, metrics_port=0, max_attempts=4,
             retry_backoff_base_s=0.2, retry_backoff_cap_s=1.0, visibility_timeout_s=120,
             task_time_limit_s=30, task_soft_time_limit_s=25, lock_ttl_s=60)
-        worker = worker_process(settings, tmp / "worker.log", concurrency=2)
         app = make_celery(settings)
         events = TaskEvents(app).start()
-        worker.start()
+        worker = started(request, worker_process(settings, tmp / "worker.log", concurrency=2))
         store = SessionStore.from_url(settings.database_url)
         try:
             yield Pipeline(settings, store, provider, app, events, conn)
@@ -120,7 +118,6 @@ def pipeline(redis_url: str, tmp_path_factory: pytest.TempPathFactory
             worker.stop()
             app.close()
             store.close()
-            postgres.drop_all()
             keys = [k for k in conn.scan_iter(match=Keys(prefix).all_pattern(), count=1000)]
             if keys:
                 conn.delete(*keys)

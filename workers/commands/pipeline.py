@@ -38,9 +38,9 @@ from sessionfold.core.errors import (
 )
 from sessionfold.store import SessionStore
 
-from ..celery_app import FOLD_QUEUE, make_celery, make_enqueue
+from ..celery_app import make_celery, make_enqueue
 from ..client import connect
-from ..keys import Keys
+from ..keys import FOLD_QUEUE, Keys
 from ..metrics import enable_multiprocess, multiprocess_dir, start_metrics_server
 from ..redis_conn import EmbeddedRedis, redis_client, redis_url_for
 from ..replay import ReplayOptions, format_table, replay

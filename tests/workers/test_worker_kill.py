@@ -1,0 +1,116 @@
+"""A whole worker (main process and pool) killed with SIGKILL at the worst moments.
+
+The worker is stopped deterministically at a fault point (it marks a file and waits), then its
+process group is killed. Its unacknowledged message returns through kombu's restore after the
+broker's visibility timeout (short here) and a fresh worker takes it:
+
+- killed after the summarizer returned, before the commit: the job comes back and folds once;
+- killed after the commit, before the ack: the redelivery stops at the claim, no second
+  summarizer call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_harness import (
+    PipelineProcess,
+    postgres_url,
+    started,
+    transcript_session,
+    wait_until,
+    worker_process,
+)
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.store import SessionStore
+from sessionfold.workers.celery_app import make_celery, make_enqueue
+from sessionfold.workers.fakeprovider import FakeProvider
+from sessionfold.workers.folding import PAUSE_AT_ENV, PAUSE_MARKER_ENV
+from sessionfold.workers.settings import Settings
+
+SID = "agent-killed"
+POLICY = FoldPolicy(budget_tokens=8000, layers=("summarize",))
+
+
+@dataclass
+class Rig:
+    settings: Settings
+    store: SessionStore
+    provider: FakeProvider
+    app: Any
+    start_worker: Callable[[str], PipelineProcess]
+
+
+@pytest.fixture
+def rig(make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
+        tmp_path: Path) -> Iterator[Rig]:
+    provider = FakeProvider()
+    with provider.serve() as server:
+        # Short visibility timeout: the dead worker's message comes back within seconds. The
+        # hard time limit stays at half of it, as the settings require.
+        settings = make_settings(
+            database_url=postgres_url(request), summarizer="anthropic",
+            anthropic_api_key="sk-fake", anthropic_base_url=server.base_url, metrics_port=0,
+            visibility_timeout_s=12, task_time_limit_s=6, task_soft_time_limit_s=5,
+            retry_backoff_base_s=0.5, retry_backoff_cap_s=2, lock_ttl_s=8)
+        marker = tmp_path / "fault.marker"
+
+        def start_worker(pause_at: str) -> PipelineProcess:
+            return started(request, worker_process(
+                settings, tmp_path / "worker.log", concurrency=1,
+                **{PAUSE_AT_ENV: pause_at, PAUSE_MARKER_ENV: str(marker)}))
+
+        app = make_celery(settings)
+        with SessionStore.from_url(settings.database_url) as store:
+            conv = transcript_session("django__django-15554", 60)
+            store.create_session(SID, POLICY, conv.system)
+            store.append(SID, conv.messages)
+            yield Rig(settings, store, provider, app, start_worker)
+        app.close()
+
+
+def test_killed_after_the_summary_before_the_commit_the_job_returns_and_folds_once(
+        rig: Rig, tmp_path: Path) -> None:
+    worker = rig.start_worker("after-summary")
+    job_id = make_enqueue(rig.app)(SID, None, "threshold", None)
+    marker = tmp_path / "fault.marker"
+    wait_until(marker.exists, timeout_s=120, what="the worker to reach the fault point")
+    paid_before_kill = rig.provider.stats.succeeded
+    assert paid_before_kill >= 1  # the summarizer answered ...
+    assert rig.store.spans(SID) == []  # ... and nothing was committed
+    worker.kill()
+    rig.start_worker("after-summary")  # the marker exists: this one runs through
+    result = rig.app.AsyncResult(job_id).get(timeout=180)
+    assert result["outcome"] == "folded" and result["deliveries"] == 2
+    (fold,) = [r for r in rig.store.records(SID) if r.outcome == "folded"]
+    assert fold.job_id == job_id
+    assert {s.job_id for s in rig.store.spans(SID)} == {job_id}
+    window = rig.store.read_window(SID)
+    assert sum(1 for item in window.items if item.kind == "summary") == 1
+    # The first summary died with the worker; the redelivery paid for its own, once.
+    assert rig.provider.stats.succeeded == paid_before_kill + fold.summarizer_usage.calls
+
+
+def test_killed_after_the_commit_before_the_ack_the_redelivery_stops_at_the_claim(
+        rig: Rig, tmp_path: Path) -> None:
+    worker = rig.start_worker("after-commit")
+    job_id = make_enqueue(rig.app)(SID, None, "threshold", None)
+    marker = tmp_path / "fault.marker"
+    wait_until(marker.exists, timeout_s=120, what="the worker to reach the fault point")
+    spans = rig.store.spans(SID)
+    assert spans and {s.job_id for s in spans} == {job_id}  # committed, not acknowledged
+    calls_at_kill = rig.provider.stats.calls
+    worker.kill()
+    rig.start_worker("after-commit")
+    result = rig.app.AsyncResult(job_id).get(timeout=180)
+    assert result["deliveries"] == 2
+    assert (result["outcome"], result["claim"]) == ("skipped", "already-committed")
+    assert rig.provider.stats.calls == calls_at_kill  # no second summarizer call
+    assert [r.outcome for r in rig.store.records(SID)] == ["folded"]
+    assert rig.store.spans(SID) == spans
+    wait_until(lambda: rig.store.get_session(SID).claimed_by is None, timeout_s=10,
+               what="no claim left behind")
