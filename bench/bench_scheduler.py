@@ -1,9 +1,10 @@
 """Benchmark: usage events ingested per second by one scheduler (goal: >= 20,000/s).
 
 Setup (not timed): ``--sessions`` sessions in a fresh store (SQLite in a temporary directory
-unless ``--database-url`` names another), each with a few turns and a budget large enough that
+unless ``--database-url`` names another), each with enough turns and a budget large enough that
 no fold is due, and ``--events`` usage events for them already on the stream (pipelined XADD:
-publishing speed is not what is measured), round-robin over the sessions with rising seqs.
+publishing speed is not what is measured), round-robin over the sessions, each naming a new
+seq (so every event is a new measurement, as one per model call is).
 
 Timed: one :class:`~sessionfold.workers.scheduler.Scheduler` calling ``run_once`` until the
 stream is drained: XREADGROUP in batches, per-session compare-and-set in Redis (Lua, pipelined),
@@ -91,8 +92,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store = SessionStore.from_url(db_url)
     store.migrate()
     sessions: list[tuple[str, int, int]] = []
+    # Enough messages that every event of a session names a new seq, as real calls do.
+    per_session = -(-args.events // args.sessions)
     turns = [{"role": "user", "content": "check the queue depth"},
-             {"role": "assistant", "content": "the queue depth is 12, nothing to do"}] * 4
+             {"role": "assistant", "content": "the queue depth is 12, nothing to do"}
+             ] * max(4, per_session // 2 + 1)
     for i in range(args.sessions):
         sid = f"bench-{i:05d}"
         store.create_session(sid, FoldPolicy(budget_tokens=1_000_000), system="bench agent")

@@ -62,10 +62,11 @@ NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 
 # Compare-and-set of the measured size of every session of a batch, in one call. KEYS: the
 # sessions' hashes. ARGV: revision, seq, prompt tokens, payload (the stream entry's JSON), ttl
-# ms last. Returns one character per key: "1" where the event is newer (by revision, then seq)
-# than what the hash holds and was stored, "0" where it is not. In Lua so each compare and its
-# write are one step however many schedulers race; one call per batch because the client's
-# cost is per command and per argument, not per key.
+# ms last. Returns one character per key: "1" where the event is not older (by revision, then
+# seq) than what the hash holds and was stored, "0" where it is older. An equal position counts
+# as "1" on purpose: an entry redelivered because its store write failed must reach the store
+# the second time. In Lua so each compare and its write are one step however many schedulers
+# race; one call per batch because the client's cost is per command and argument, not per key.
 _MEASURED_CAS = """
 local ttl = ARGV[#ARGV]
 local out = {}
@@ -73,10 +74,10 @@ for i, key in ipairs(KEYS) do
   local a = (i - 1) * 4
   local rev, seq = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local cur = redis.call('HMGET', key, 'revision', 'seq')
-  local newer = true
+  local newer = true  -- not older, strictly: see above
   if cur[1] then
     local crev, cseq = tonumber(cur[1]), tonumber(cur[2])
-    newer = rev > crev or (rev == crev and seq > cseq)
+    newer = rev > crev or (rev == crev and seq >= cseq)
   end
   if newer then
     redis.call('HSET', key, 'revision', ARGV[a + 1], 'seq', ARGV[a + 2], 'tokens', ARGV[a + 3],
@@ -108,9 +109,9 @@ class BatchStats:
     """What one :meth:`Scheduler.run_once` did."""
 
     events: int = 0
-    #: Sessions whose newest event in the batch moved their measured size forward.
+    #: Sessions whose newest event in the batch was not older than their measured size.
     accepted: int = 0
-    #: Events that were not the newest for their session (in the batch or in Redis).
+    #: Events older than another for their session (in the batch or in Redis).
     superseded: int = 0
     #: Sessions the store does not know (deleted, or never created).
     unknown: int = 0
@@ -192,14 +193,18 @@ class Scheduler:
                ) -> BatchStats:
         """Act on a batch of entries and acknowledge them (see the module doc)."""
         stats = stats or BatchStats()
-        stats.events += len(entries)
         latest = _latest_per_session(entries)
-        stats.superseded += len(entries) - len(latest)
         known = {sid: e for sid, e in latest.items() if self._cached_info(sid) is not None}
-        stats.unknown += len(latest) - len(known)
         accepted = self._compare_and_set(known.values())
-        stats.superseded += len(known) - len(accepted)
+        superseded = len(entries) - len(latest) + len(known) - len(accepted)
+        unknown = len(latest) - len(known)
+        stats.events += len(entries)
         stats.accepted += len(accepted)
+        stats.superseded += superseded
+        stats.unknown += unknown
+        self._metrics.count_usage_events("accepted", len(accepted))
+        self._metrics.count_usage_events("superseded", superseded)
+        self._metrics.count_usage_events("unknown-session", unknown)
         if accepted:
             self.store.record_usage_batch([_report(ev) for ev in accepted])
         failed: set[str] = set()
@@ -209,9 +214,6 @@ class Scheduler:
                 continue
             if not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
                 failed.add(ev.session_id)
-        self._metrics.count_usage_events("accepted", stats.accepted)
-        self._metrics.count_usage_events("superseded", stats.superseded)
-        self._metrics.count_usage_events("unknown-session", stats.unknown)
         # Entries of a session whose enqueue failed stay pending and come back (XAUTOCLAIM).
         self.consumer.ack([e for e in entries if e.event.session_id not in failed])
         return stats

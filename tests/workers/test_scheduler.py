@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
+from sessionfold.core.errors import StoreError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import CompactionRecord
 from sessionfold.store.results import SessionInfo
@@ -180,6 +181,38 @@ def test_an_older_report_never_overwrites_a_newer_one(
     publisher.publish(usage(info, 6_000, seq=9))
     assert scheduler.run_once().accepted == 1
     assert redis_conn.hmget(measured, "seq", "tokens") == [b"9", b"6000"]
+
+
+def test_a_failed_store_write_is_retried_from_the_pending_entries(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_settings(scheduler_block_ms=10, scheduler_claim_idle_ms=100,
+                             scheduler_policy_cache_s=0, scheduler_sweep_interval_s=3600)
+    sched = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                      metrics_=Metrics(CollectorRegistry()))
+    info = new_session(sqlite_store, "s1")
+    publisher.publish(usage(info, 5_000))
+    real_write = sqlite_store.record_usage_batch
+    calls = []
+
+    def flaky(reports: Any) -> int:
+        calls.append(len(reports))
+        if len(calls) == 1:
+            raise StoreError("database is locked")
+        return real_write(reports)
+
+    monkeypatch.setattr(sqlite_store, "record_usage_batch", flaky)
+    with pytest.raises(StoreError):
+        sched.run_once()
+    assert pending(redis_conn, settings) == 1  # not acknowledged: it will come back
+    assert sqlite_store.get_session("s1").measured_tokens is None
+    time.sleep(0.15)  # idle past claim_idle_ms: the entry is reclaimed …
+    stats = sched.run_once()
+    # … and, although Redis already holds this very measurement, it reaches the store now.
+    assert stats.accepted == 1 and calls == [1, 1]
+    assert sqlite_store.get_session("s1").measured_tokens == 5_000
+    assert pending(redis_conn, settings) == 0
 
 
 def test_two_schedulers_at_once_keep_every_size_monotonic(
