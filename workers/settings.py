@@ -146,8 +146,9 @@ class Settings(BaseSettings):
     usage_stream_maxlen: int = Field(default=1_000_000, ge=1000)
     scheduler_group: str = Field(default="schedulers", min_length=1)
     scheduler_batch_size: int = Field(default=1000, ge=1)
-    #: How long one read of the usage stream blocks waiting for events.
-    scheduler_block_ms: int = Field(default=1000, ge=1)
+    #: How long one read of the usage stream blocks waiting for events (at most 5 s: well
+    #: inside the clients' 10 s socket timeout, and how long a SIGTERM may wait).
+    scheduler_block_ms: int = Field(default=1000, ge=1, le=5000)
     #: Entries pending this long with another (dead) scheduler are claimed (``XAUTOCLAIM``).
     scheduler_claim_idle_ms: int = Field(default=30_000, ge=100)
     #: The store sweep (``over_budget``) that re-finds sessions whose events Redis lost.
