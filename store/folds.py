@@ -38,7 +38,7 @@ from .codec import encode_message
 from .results import StoredRecord, StoredSpan
 from .schema import compaction_records, folds, ledger, refusal_latches, sessions, window_items
 from .sessions import current_tokens, load_session, lock_session
-from .usage import window_tokens_split
+from .usage import tokens_after
 
 __all__ = [
     "PreparedFold",
@@ -244,7 +244,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     window_tokens = row.window_tokens - removed_tokens + sum(i["tokens"]
                                                              for i in prepared.inserted)
     seen = prepared.seen_seq if prepared.seen_seq is not None else row.next_seq - 1
-    _, pending = window_tokens_split(conn, sid, seen)
+    pending = tokens_after(conn, sid, seen)
     measured = prepared.record.tokens_after
     conn.execute(sessions.update().where(sessions.c.id == sid).values(
         revision=revision, fold_revision=revision,

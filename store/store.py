@@ -218,16 +218,23 @@ class SessionStore:
         ``model`` is accepted for the callers' convenience and not stored.
         """
         sid = sessions.check_session_id(sid)
+        report = usage.check_report(sid, usage_, seq, revision, model)
         with self._db.write() as conn:
-            return usage.record_usage_locked(conn, sid, usage_, seq=seq, revision=revision,
-                                             now=self._db.now())
+            results = usage.apply_reports(conn, [report], now=self._db.now(), strict=True)
+        return results[sid]
 
     def record_usage_batch(self, reports: Sequence[UsageReport]) -> int:
-        """Apply the latest report per session in one transaction; returns how many were taken."""
-        if not reports:
+        """Apply the latest report per session in one transaction; returns how many were taken.
+
+        Reports naming a deleted session, an impossible seq or revision, or zero usage are
+        skipped (logged), not raised: the batch's other sessions still count.
+        """
+        latest = usage.latest_per_session(reports)
+        if not latest:
             return 0
         with self._db.write() as conn:
-            return usage.record_batch_locked(conn, reports, now=self._db.now())
+            results = usage.apply_reports(conn, latest, now=self._db.now(), strict=False)
+        return sum(r.accepted for r in results.values())
 
     # --- folds -----------------------------------------------------------------------------
 

@@ -12,28 +12,48 @@ An accepted report also calibrates the estimate (``a × estimate + b``): the est
 request is the system prompt plus the window items up to ``seq`` as they are now (after the last
 fold nothing older than the report can have changed, so this is the window the request carried,
 up to the clipping of items appended since).
+
+Batches (the scheduler writes one per stream read) take three round trips whatever their size:
+one ``SELECT … FOR NO KEY UPDATE`` of the sessions' rows in id order (two batches lock in the same
+order, so they cannot deadlock), one aggregate of the window tokens after each report's seq,
+and one ``executemany`` of the updates. A single report is a batch of one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sessionfold.core.errors import InvalidInputError, SessionNotFoundError, UsageUnmeasurableError
-from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.errors import InvalidInputError, SessionfoldError, SessionNotFoundError
 from sessionfold.core.tokens import Calibration, reported_prompt_tokens
 from sqlalchemy.engine import Connection, Row
 
 from .results import UsageReport, UsageResult
 from .schema import sessions, window_items
-from .sessions import current_tokens, lock_session
+from .sessions import current_tokens
 
-__all__ = ["latest_per_session", "record_usage_locked", "window_tokens_split"]
+__all__ = ["apply_reports", "latest_per_session", "tokens_after"]
 
 log = logging.getLogger(__name__)
+
+#: Below SQLite's default limit of 32,766 bound parameters per statement.
+_PAIRS_PER_QUERY = 5000
+
+_s = sessions
+_LOCK_COLUMNS = (_s.c.id, _s.c.policy, _s.c.next_seq, _s.c.revision, _s.c.fold_revision,
+                 _s.c.measured_seq, _s.c.measured_revision, _s.c.system_tokens,
+                 _s.c.window_tokens, _s.c.calibration, _s.c.current_tokens)
+_UPDATE = (
+    _s.update().where(_s.c.id == sa.bindparam("b_id")).values(
+        measured_tokens=sa.bindparam("b_measured"), measured_seq=sa.bindparam("b_seq"),
+        measured_revision=sa.bindparam("b_revision"), pending_tokens=sa.bindparam("b_pending"),
+        calibration=sa.bindparam("b_calibration", type_=sa.JSON()),
+        current_tokens=sa.bindparam("b_current"), updated_at=sa.bindparam("b_now"))
+)
 
 
 def _check_int(name: str, value: object) -> int:
@@ -42,14 +62,43 @@ def _check_int(name: str, value: object) -> int:
     return value
 
 
-def window_tokens_split(conn: Connection, sid: str, seq: int) -> tuple[int, int]:
-    """Token estimate of the window items up to ``seq`` and after it, in one query."""
-    upto = sa.func.coalesce(sa.func.sum(sa.case(
-        (window_items.c.start_seq <= seq, window_items.c.tokens), else_=0)), 0)
-    after = sa.func.coalesce(sa.func.sum(sa.case(
-        (window_items.c.start_seq > seq, window_items.c.tokens), else_=0)), 0)
-    row = conn.execute(sa.select(upto, after).where(window_items.c.session_id == sid)).one()
-    return int(row[0]), int(row[1])
+def tokens_after(conn: Connection, sid: str, seq: int) -> int:
+    """Token estimate of the window items after ``seq`` (what was appended since a report)."""
+    total = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(window_items.c.tokens), 0))
+        .where(window_items.c.session_id == sid, window_items.c.start_seq > seq)).scalar_one()
+    return int(total)
+
+
+def _tokens_after_many(conn: Connection, wanted: Mapping[str, int]) -> dict[str, int]:
+    """:func:`tokens_after` for many sessions in one query (one index range each)."""
+    # Plain driver SQL: building a thousand SQLAlchemy comparisons costs far more than the
+    # query. The (session, seq) pairs join window_items' primary key: one range each.
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    found: dict[str, int] = {}
+    items = list(wanted.items())
+    for start in range(0, len(items), _PAIRS_PER_QUERY):
+        chunk = items[start:start + _PAIRS_PER_QUERY]
+        values = ", ".join(f"({mark}, {mark})" for _ in chunk)
+        params = tuple(x for pair in chunk for x in pair)
+        rows = conn.exec_driver_sql(
+            f"WITH wanted(sid, seq) AS (VALUES {values}) "
+            "SELECT w.session_id, SUM(w.tokens) FROM wanted "
+            "JOIN window_items w ON w.session_id = wanted.sid AND w.start_seq > wanted.seq "
+            "GROUP BY w.session_id", params)
+        found.update((sid, int(total or 0)) for sid, total in rows)
+    return {sid: found.get(sid, 0) for sid in wanted}
+
+
+def _refusal(row: Row[Any], report: UsageReport) -> str | None:
+    """Why a report cannot be about this session at all (a caller error), or None."""
+    if report.seq >= row.next_seq:
+        held = f"ledger seqs 0–{row.next_seq - 1}" if row.next_seq else "an empty ledger"
+        return f"usage report names seq {report.seq}, but session {row.id!r} has {held}"
+    if report.revision > row.revision:
+        return (f"usage report names window revision {report.revision}, but session "
+                f"{row.id!r} is at revision {row.revision}")
+    return None
 
 
 def _is_stale(row: Row[Any], seq: int, revision: int) -> bool:
@@ -60,44 +109,76 @@ def _is_stale(row: Row[Any], seq: int, revision: int) -> bool:
     return (revision, seq) < (row.measured_revision, row.measured_seq)
 
 
-def record_usage_locked(conn: Connection, sid: str, usage: Any, *, seq: int, revision: int,
-                        now: datetime) -> UsageResult:
-    """Apply one report under the session lock (see the module doc)."""
-    _check_int("seq", seq)
-    _check_int("revision", revision)
-    row = lock_session(conn, sid)
-    if seq >= row.next_seq:
-        raise InvalidInputError(
-            f"usage report names seq {seq}, but session {sid!r} has ledger seqs "
-            f"0–{row.next_seq - 1}" if row.next_seq else
-            f"usage report names seq {seq}, but session {sid!r} has an empty ledger")
-    if revision > row.revision:
-        raise InvalidInputError(
-            f"usage report names window revision {revision}, but session {sid!r} is at "
-            f"revision {row.revision}")
-    policy = FoldPolicy.from_json(row.policy)
-    reported = reported_prompt_tokens(usage, measure=policy.measure)
-    if reported is None or _is_stale(row, seq, revision):
-        return UsageResult(accepted=False, current_tokens=row.current_tokens)
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    report: UsageReport
+    reported: int
+    row: Row[Any]
 
-    upto, after = window_tokens_split(conn, sid, seq)
-    calibration = Calibration.model_validate(row.calibration).observe(
-        row.system_tokens + upto, reported)
-    current = current_tokens(measured_tokens=reported, pending_tokens=after,
-                             system_tokens=row.system_tokens, window_tokens=row.window_tokens,
-                             calibration=calibration)
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        measured_tokens=reported, measured_seq=seq, measured_revision=revision,
-        pending_tokens=after, calibration=calibration.to_json(), current_tokens=current,
-        updated_at=now))
-    return UsageResult(accepted=True, current_tokens=current)
+
+def apply_reports(conn: Connection, reports: Sequence[UsageReport], *, now: datetime,
+                  strict: bool) -> dict[str, UsageResult]:
+    """Apply at most one report per session (see the module doc); results by session id.
+
+    ``strict`` (a single report): a report naming an unknown session, an impossible seq or
+    revision, or zero usage raises. Otherwise (a batch) such a report is skipped with a log line
+    so the batch's other sessions still count.
+    """
+    ordered = sorted(reports, key=lambda r: r.session_id)
+    rows: dict[str, Any] = {row.id: row for row in conn.execute(
+        sa.select(*_LOCK_COLUMNS).where(_s.c.id.in_([r.session_id for r in ordered]))
+        .order_by(_s.c.id).with_for_update(key_share=True))}
+    results: dict[str, UsageResult] = {}
+    taken: list[_Taken] = []
+    for report in ordered:
+        try:
+            row = rows.get(report.session_id)
+            if row is None:
+                raise SessionNotFoundError(f"no session {report.session_id!r} in the store")
+            problem = _refusal(row, report)
+            if problem:
+                raise InvalidInputError(problem)
+            measure = (row.policy or {}).get("measure", "reported")
+            reported = reported_prompt_tokens(report.usage, measure=measure)
+        except SessionfoldError as exc:
+            if strict:
+                raise
+            log.warning("usage report for session %r skipped: %s", report.session_id, exc)
+            continue
+        if reported is None or _is_stale(row, report.seq, report.revision):
+            results[report.session_id] = UsageResult(False, row.current_tokens)
+        else:
+            taken.append(_Taken(report, reported, row))
+
+    # Items after the report's seq: none when it names the tail (no query needed then).
+    after = _tokens_after_many(conn, {t.row.id: t.report.seq for t in taken
+                                      if t.report.seq < t.row.next_seq - 1})
+    updates: list[dict[str, Any]] = []
+    for t in taken:
+        pending = after.get(t.row.id, 0)
+        estimate = t.row.system_tokens + t.row.window_tokens - pending
+        calibration = Calibration.model_validate(t.row.calibration).observe(estimate, t.reported)
+        current = current_tokens(measured_tokens=t.reported, pending_tokens=pending,
+                                 system_tokens=t.row.system_tokens,
+                                 window_tokens=t.row.window_tokens, calibration=calibration)
+        updates.append({"b_id": t.row.id, "b_measured": t.reported, "b_seq": t.report.seq,
+                        "b_revision": t.report.revision, "b_pending": pending,
+                        "b_calibration": calibration.to_json(), "b_current": current,
+                        "b_now": now})
+        results[t.row.id] = UsageResult(True, current)
+    if updates:
+        conn.execute(_UPDATE, updates)
+    return results
+
+
+def check_report(sid: str, usage: Any, seq: object, revision: object,
+                 model: str | None) -> UsageReport:
+    return UsageReport(session_id=sid, usage=usage, seq=_check_int("seq", seq),
+                       revision=_check_int("revision", revision), model=model)
 
 
 def latest_per_session(reports: Sequence[UsageReport]) -> list[UsageReport]:
-    """The newest report of each session, by (revision, seq), later entries winning ties.
-
-    Sorted by session id: a batch locks its sessions in one order, so two batches never deadlock.
-    """
+    """The newest report of each session, by (revision, seq), later entries winning ties."""
     latest: dict[str, UsageReport] = {}
     for report in reports:
         if not isinstance(report, UsageReport):
@@ -106,23 +187,4 @@ def latest_per_session(reports: Sequence[UsageReport]) -> list[UsageReport]:
         held = latest.get(report.session_id)
         if held is None or (report.revision, report.seq) >= (held.revision, held.seq):
             latest[report.session_id] = report
-    return [latest[sid] for sid in sorted(latest)]
-
-
-def record_batch_locked(conn: Connection, reports: Sequence[UsageReport], *,
-                        now: datetime) -> int:
-    """Apply the latest report per session; returns how many were accepted.
-
-    A report for a deleted session, or one that measured nothing (zero usage), is skipped with a
-    log line rather than failing the batch: the other sessions' reports are still good.
-    """
-    accepted = 0
-    for report in latest_per_session(reports):
-        try:
-            result = record_usage_locked(conn, report.session_id, report.usage,
-                                         seq=report.seq, revision=report.revision, now=now)
-        except (SessionNotFoundError, UsageUnmeasurableError, InvalidInputError) as exc:
-            log.warning("usage report for session %r skipped: %s", report.session_id, exc)
-            continue
-        accepted += result.accepted
-    return accepted
+    return list(latest.values())

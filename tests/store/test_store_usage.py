@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sessionfold.core.errors import InvalidInputError, UsageUnmeasurableError
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.tokens import Calibration
 from sessionfold.store import SessionStore, UsageReport
 from store_helpers import hand_fold, turn, user
 
@@ -119,3 +120,34 @@ def test_a_batch_keeps_the_latest_report_per_session(store: SessionStore) -> Non
     assert store.record_usage_batch([]) == 0
     with pytest.raises(InvalidInputError, match="UsageReport"):
         store.record_usage_batch([("a", {}, 1, 1)])  # type: ignore[list-item]
+
+
+def test_a_batch_measures_each_session_as_a_single_report_would(store: SessionStore) -> None:
+    """One batch over many sessions (one aggregate query) agrees with reports one by one."""
+    reports = []
+    for i in range(40):
+        for twin in ("batch", "single"):
+            sid = f"{twin}-{i}"
+            store.create_session(sid, POLICY, system="twins")
+            store.append(sid, [user("task"), *[m for t in range(i % 5 + 1)
+                                               for m in turn(f"{i}.{t}", lines=i % 7 + 1)]])
+        info = store.get_session(f"batch-{i}")
+        seq = (i * 7) % info.ledger_len  # anywhere in the ledger, often before the tail
+        reports.append((i, seq, info.revision, 500 + 13 * i))
+    accepted = store.record_usage_batch([
+        UsageReport(f"batch-{i}", {"input_tokens": tokens}, seq=seq, revision=revision)
+        for i, seq, revision, tokens in reports])
+    assert accepted == len(reports)
+    for i, seq, revision, tokens in reports:
+        single = store.record_usage(f"single-{i}", {"input_tokens": tokens}, seq=seq,
+                                    revision=revision)
+        batch, alone = store.get_session(f"batch-{i}"), store.get_session(f"single-{i}")
+        assert batch.current_tokens == alone.current_tokens == single.current_tokens
+        assert batch.calibration == alone.calibration
+        assert batch.measured_seq == seq and batch.measured_tokens == tokens
+        # And both agree with the window itself: the report plus what came after its seq.
+        items = store.read_window(f"batch-{i}").items
+        after = sum(item.tokens or 0 for item in items if item.start_seq > seq)
+        upto = sum(item.tokens or 0 for item in items if item.start_seq <= seq)
+        assert batch.current_tokens == tokens + round(batch.calibration.a * after)
+        assert batch.calibration == Calibration().observe(batch.system_tokens + upto, tokens)
