@@ -29,7 +29,8 @@ class Dashboard:
         for name, justify in (("agent", "left"), ("turns", "right"), ("folds", "right"),
                               ("window now", "right"), ("ledger now", "right"),
                               ("sent so far", "right"), ("ledger re-sent would be", "right")):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+            table.add_column(name, justify=justify,  # type: ignore[arg-type]
+                             no_wrap=name == "agent")
         for run in self.runs:
             last = run.last
             state = " (error)" if run.error else (" done" if run.done else "")

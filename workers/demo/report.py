@@ -235,7 +235,9 @@ def _agents_table(report: DemoReport) -> Table:
                           ("peak window", "right"), ("window / ledger now", "right"),
                           ("agent-path summarizer calls", "right"), ("ledger intact", "center"),
                           ("late questions", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        # Agent names (file stems with --transcripts) are what a reader looks for: never cut.
+        table.add_column(name, justify=justify,  # type: ignore[arg-type]
+                         no_wrap=name == "agent")
     for a in report.agents:
         answered = sum(q.answered for q in a.questions)
         table.add_row(
@@ -261,7 +263,7 @@ def _questions_table(report: DemoReport) -> Table:
     table = Table(title="Late questions about early identifiers: answerable from the window "
                         "sent with the question?", title_justify="left")
     for name in ("agent", "identifier", "first seen", "asked at", "answered", "found in"):
-        table.add_column(name)
+        table.add_column(name, no_wrap=name in ("agent", "identifier"))
     for a in report.agents:
         for q in a.questions:
             table.add_row(a.name, q.identifier, f"#{q.first_seen_seq}", f"#{q.asked_seq}",
