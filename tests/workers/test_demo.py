@@ -120,8 +120,10 @@ def test_every_agent_folded_in_the_background_never_on_its_own_path(demo: DemoRu
 @pytest.mark.slow
 def test_folds_and_refusals_match_the_records_in_the_store(demo: DemoRun) -> None:
     store = SessionStore.from_url(f"sqlite:///{demo.data / 'sessionfold.db'}")
+    spans = 0
     try:
         for agent in _agents(demo):
+            spans += len(store.spans(agent["session_id"]))
             records = store.records(agent["session_id"])
             assert agent["folds"] == sum(r.outcome == "folded" for r in records)
             assert agent["visits"] == len(records)
@@ -131,9 +133,10 @@ def test_folds_and_refusals_match_the_records_in_the_store(demo: DemoRun) -> Non
                     reasons[refusal.reason] = reasons.get(refusal.reason, 0) + 1
             assert agent["refusals"] == reasons
             assert set(reasons) <= set(RefusalReason.__args__)  # type: ignore[attr-defined]
-            assert len(store.spans(agent["session_id"])) > 0  # something was summarized
     finally:
         store.close()
+    # Masking old tool output alone cannot hold 40 turns under 8,000 tokens: summaries were made.
+    assert spans > 0
 
 
 @pytest.mark.slow
@@ -147,7 +150,8 @@ def test_ledgers_hold_every_message_unchanged(demo: DemoRun) -> None:
             assert agent["ledger_intact"] is True
             assert agent["messages"] == agent["ledger_messages"] == len(original)
             window = store.read_window(agent["session_id"])
-            assert len(window.items) < len(original)  # the window was folded; the ledger not
+            # The window was folded, the ledger not.
+            assert window.tokens < sum(entry.tokens for entry in ledger) / 2
     finally:
         store.close()
     assert demo.report["totals"]["ledgers_intact"] is True
