@@ -53,6 +53,20 @@ SECTION = "## Compact (issue 2)"
 DEFAULT_BUDGET = 32_000
 QUICK_TRANSCRIPT = "django__django-16560"  # the smallest: --quick must stay cheap
 
+NOTES = (
+    "*tokens in file* counts the file as given; *window before* is the size `compact` measured "
+    "after loading, with oversized tool results clipped to a quarter of the budget (so "
+    "psf__requests-1142's 868 K-character final output does not count whole); *window after* is "
+    "the window it returned. *first run s* is one in-process run in a fresh process after the "
+    "imports: what an invocation pays beyond start-up, with cold token-count caches. *median s* "
+    "is the median of the warm runs after it. *CLI process s* is one run of the `sessionfold` "
+    "console script, interpreter start and every import included (the `anthropic` SDK, "
+    "imported by `sessionfold.core` even for the offline summarizer, takes about 1.5 s of it). "
+    "*peak RSS* is the process's high-water mark; *traced peak* the tracemalloc peak of Python "
+    "allocations in one more cold run. Several engineers' test runs share this machine's two "
+    "cores: the times are upper bounds, and the load average above says how busy it was."
+)
+
 COLUMNS = ("transcript", "messages", "chars", "tokens in file", "window before", "window after",
            "outcome", "spans", "first run s", "median s", "runs", "CLI process s",
            "peak RSS MB", "RSS after imports MB", "traced peak MB")
@@ -260,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `.venv/bin/python {command}`",
         table(rows),
         *goal(rows),
+        NOTES,
     ])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(body + "\n", encoding="utf-8")
