@@ -40,7 +40,7 @@ __all__ = [
     "window_items",
 ]
 
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 VERSION_TABLE = "sessionfold_schema_version"
 
 
@@ -109,6 +109,9 @@ sessions = sa.Table(
     sa.Column("last_visit_at", UTCDateTime, nullable=True),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    # Random per created session: with (start_seq, version) it names a window item uniquely
+    # across a delete and re-create of the same id (versions restart), for readers' caches.
+    sa.Column("incarnation", sa.BigInteger, nullable=False, server_default="0"),
 )
 # The scheduler's sweep: "current_tokens > trigger_tokens and not paused", most over first. An
 # index on the difference makes it one index range scan on both backends.
@@ -139,12 +142,14 @@ window_items = sa.Table(
     sa.Column("start_seq", sa.BigInteger, primary_key=True),
     sa.Column("end_seq", sa.BigInteger, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("message", JSONDoc, nullable=False),
-    sa.Column("edits", JSONDoc, nullable=False),
     # The revision that wrote this row: a re-created item at the same start_seq never reuses a
     # version, so the fold commit's compare-and-set cannot be fooled (no ABA).
     sa.Column("version", sa.BigInteger, nullable=False),
     sa.Column("tokens", sa.Integer, nullable=False),
+    # Small columns first, the message last: a read that skips messages it has cached (and the
+    # fold commit's version check) never has to step over a message's bytes to reach them.
+    sa.Column("edits", JSONDoc, nullable=False),
+    sa.Column("message", JSONDoc, nullable=False),
 )
 
 folds = sa.Table(

@@ -7,6 +7,7 @@ claims and fold commits of one session queue on that row lock, and nothing else 
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Any
 
@@ -146,6 +147,7 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
                                       calibration=calibration),
         trigger_tokens=policy.trigger_tokens, last_visit_outcome=None, last_visit_tokens=None,
         last_visit_at=None, created_at=now, updated_at=now,
+        incarnation=secrets.randbits(62),
     ))
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from . import claims, dead_letters, export, folds, ledger, sessions, usage, windows
+from .cache import DEFAULT_ITEMS, ItemCache
 from .db import Clock, Database, utc_now
 from .engine import create_store_engine, default_sqlite_url, normalize_url
 from .migrate import check_schema, upgrade
@@ -67,19 +68,22 @@ class SessionStore:
     """Sessions, their ledgers and windows, folds and records, on SQLite or PostgreSQL."""
 
     def __init__(self, engine: Engine, *, counter: TokenCounter | None = None,
-                 clock: Clock = utc_now) -> None:
+                 clock: Clock = utc_now, item_cache: int = DEFAULT_ITEMS) -> None:
+        """``item_cache``: how many decoded window items to keep (0: decode every read)."""
         self.engine = engine
         self.counter = counter or default_counter()
+        self.item_cache = ItemCache(item_cache)
         self._db = Database(engine, clock=clock)
 
     @classmethod
     def from_url(cls, url: str | URL | None, *, counter: TokenCounter | None = None,
-                 clock: Clock = utc_now, echo: bool = False) -> SessionStore:
+                 clock: Clock = utc_now, echo: bool = False,
+                 item_cache: int = DEFAULT_ITEMS) -> SessionStore:
         """A store on ``url``; None means the SQLite file ``./.sessionfold/sessionfold.db``."""
         if url is None:
             url = default_sqlite_url()
         return cls(create_store_engine(normalize_url(url), echo=echo), counter=counter,
-                   clock=clock)
+                   clock=clock, item_cache=item_cache)
 
     def __repr__(self) -> str:
         return f"SessionStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -183,8 +187,9 @@ class SessionStore:
 
     def read_window(self, sid: str) -> Window:
         sid = sessions.check_session_id(sid)
-        with self._db.read() as conn:
-            return windows.read_window(conn, sid)
+        # A snapshot: an item evicted from the cache is fetched by a second statement.
+        with self._db.read(snapshot=True) as conn:
+            return windows.read_window(conn, sid, self.item_cache)
 
     def read_ledger(self, sid: str, start: int = 0, end: int | None = None) -> list[LedgerEntry]:
         """Ledger entries ``start <= seq < end`` (``end=None``: to the tail)."""
@@ -326,6 +331,6 @@ class SessionStore:
         sid = sessions.check_session_id(sid)
         with self._db.read(snapshot=True) as conn:
             info = sessions.session_info(sessions.load_session(conn, sid))
-            window = windows.read_window(conn, sid)
+            window = windows.read_window(conn, sid, self.item_cache)
             spans = folds.read_spans(conn, sid)
         return export.render_inspect(info, window, spans, width=width, full=full)

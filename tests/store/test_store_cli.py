@@ -6,7 +6,7 @@ import json
 
 import pytest
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.store import SessionStore
+from sessionfold.store import SCHEMA_REVISION, SessionStore
 from sessionfold.workers.cli import main
 from store_helpers import plan, turn, user
 
@@ -31,10 +31,10 @@ def test_migrate_creates_the_schema_from_database_url(
     assert main(["inspect", "x"]) == 1
     assert "run `sessionfold migrate`" in capsys.readouterr().err
     assert main(["migrate"]) == 0
-    assert "schema revision 0001" in capsys.readouterr().out
+    assert f"schema revision {SCHEMA_REVISION}" in capsys.readouterr().out
     assert main(["migrate"]) == 0  # again: nothing to do, still fine
     store = SessionStore.from_url(fresh_url)
-    assert store.check_schema() == "0001"
+    assert store.check_schema() == SCHEMA_REVISION
     store.close()
 
 

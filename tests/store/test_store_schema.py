@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -10,7 +12,7 @@ from sessionfold.core.errors import SchemaError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SCHEMA_REVISION, SessionStore
 from sessionfold.store.engine import normalize_url
-from sessionfold.store.migrate import head_revision
+from sessionfold.store.migrate import head_revision, upgrade
 from sessionfold.store.schema import VERSION_TABLE, metadata
 
 
@@ -87,5 +89,31 @@ def test_a_schema_without_a_version_row_is_refused(fresh_url: str) -> None:
     try:
         with pytest.raises(SchemaError, match="sessionfold migrate"):
             store.list_sessions()
+    finally:
+        store.close()
+
+
+def test_an_older_schema_is_refused_until_migrated_and_keeps_its_data(fresh_url: str) -> None:
+    store = SessionStore.from_url(fresh_url)
+    try:
+        assert upgrade(store.engine, "0001") == "0001"
+        now = datetime.now(UTC)
+        with store.engine.begin() as conn:  # a session written by the 0001 code
+            conn.execute(sa.text(
+                "INSERT INTO sessions (id, policy, system, system_tokens, revision, "
+                "fold_revision, fold_epoch, paused, next_seq, tail_tool_use_ids, window_tokens, "
+                "pending_tokens, calibration, current_tokens, trigger_tokens, created_at, "
+                "updated_at) VALUES ('old', :policy, 'sys', 5, 0, 0, 0, :f, 0, '[]', 0, 0, '{}', "
+                "5, 3400, :now, :now)"),
+                {"policy": '{"budget_tokens": 4000}', "f": False, "now": now})
+        with pytest.raises(SchemaError, match=r"revision 0001, this sessionfold needs 0002; "
+                                              r"run `sessionfold migrate`"):
+            store.get_session("old")
+        assert store.migrate() == SCHEMA_REVISION
+        assert store.get_session("old").system == "sys"
+        with store.engine.connect() as conn:
+            incarnation = conn.execute(sa.text(
+                "SELECT incarnation FROM sessions WHERE id = 'old'")).scalar_one()
+        assert incarnation > 0
     finally:
         store.close()

@@ -43,6 +43,7 @@ class FoldMachine(RuleBasedStateMachine):
     def __init__(self, store: SessionStore) -> None:
         super().__init__()
         self.store = store
+        self.plain = SessionStore(store.engine, item_cache=0)  # decodes every read afresh
         self.sid = f"sm-{uuid.uuid4().hex[:10]}"
         store.create_session(self.sid, POLICY, system="state machine")
         self.ledger: list[dict[str, Any]] = [user("the task")]
@@ -132,6 +133,12 @@ class FoldMachine(RuleBasedStateMachine):
     @invariant()
     def window_holds_its_invariants(self) -> None:
         check_window(self.store, self.sid)
+
+    @invariant()
+    def the_item_cache_changes_nothing(self) -> None:
+        cached, plain = self.store.read_window(self.sid), self.plain.read_window(self.sid)
+        assert cached.revision == plain.revision
+        assert [i.to_json() for i in cached.items] == [i.to_json() for i in plain.items]
 
     @invariant()
     def records_count_the_lost_races(self) -> None:

@@ -75,10 +75,10 @@ def upgrade() -> None:
         sa.Column("start_seq", sa.BigInteger, primary_key=True),
         sa.Column("end_seq", sa.BigInteger, nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
-        sa.Column("message", sa.JSON, nullable=False),
-        sa.Column("edits", sa.JSON, nullable=False),
         sa.Column("version", sa.BigInteger, nullable=False),
         sa.Column("tokens", sa.Integer, nullable=False),
+        sa.Column("edits", sa.JSON, nullable=False),
+        sa.Column("message", sa.JSON, nullable=False),
     )
 
     op.create_table(
