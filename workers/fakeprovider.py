@@ -24,6 +24,12 @@ What makes it useful rather than a stub:
   Fault.overloaded(), Fault.overloaded())`` makes the next three requests answer 529, then
   normal service resumes; ``Fault.rate_limited(retry_after=2)``, ``Fault.bad_request()``
   (permanent) and ``provider.fail_always(Fault.bad_request())`` too.
+- **Summaries that keep what they are asked to keep**: a request from sessionfold's
+  ``AnthropicSummarizer`` is answered with a short summary naming every identifier listed in its
+  must-keep section (see :func:`echo_reply`), so folds pass the retention check.
+- **Calls held in flight**: ``provider.hold()`` makes requests wait (already counted) until
+  ``provider.release()``; ``provider.wait_for_calls(n)`` blocks until ``n`` have arrived — a
+  test can act while a worker's summarizer call is in flight. ``latency_s`` slows every call.
 
 Example::
 

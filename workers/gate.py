@@ -172,14 +172,13 @@ class SpendCap:
     def exhausted(self, key: str) -> bool:
         return self.cap_usd is not None and self.spent(key) >= self.cap_usd
 
-    def add(self, key: str, usage: SummarizerUsage) -> float:
-        """Add what ``usage`` cost; returns the session's new total."""
+    def add(self, key: str, usage: SummarizerUsage) -> None:
+        """Add what ``usage`` cost (nothing to write for a free summarizer)."""
         cost = summarizer_cost_usd(usage)
         if cost <= 0:
-            return self.spent(key)
+            return
         with mapped_errors("counting a session's summarizer spend"):
             pipe = self._client.pipeline()
             pipe.incrbyfloat(key, cost)
             pipe.expire(key, int(self.ttl_s))
-            total, _ = pipe.execute()
-        return float(total)
+            pipe.execute()

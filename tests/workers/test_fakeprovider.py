@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import anthropic
 import httpx2
 import pytest
 from sessionfold.core.messages import load_conversation_file
+from sessionfold.core.retention import extract_identifiers
+from sessionfold.core.summarizers import AnthropicSummarizer
 from sessionfold.core.tokens import default_counter
 from sessionfold.workers.fakeprovider import FakeProvider, Fault
 
@@ -119,3 +122,34 @@ def test_bad_json_and_unknown_routes_are_errors_not_crashes() -> None:
         answer = httpx2.post(f"{server.base_url}/v1/messages", content=b"{not json",
                              headers={"content-type": "application/json"})
     assert answer.status_code == 400 and json.loads(answer.content)["type"] == "error"
+
+
+def test_summarizer_requests_get_summaries_that_keep_the_must_keep_identifiers() -> None:
+    conv = load_conversation_file(TRANSCRIPTS / "django__django-15554.json")
+    span = conv.messages[1:40]
+    keep = extract_identifiers(span)
+    assert keep  # the span names files the summary must keep
+    provider = FakeProvider()
+    summary = AnthropicSummarizer(client=provider.anthropic_client()).summarize(
+        span, must_keep=keep)
+    assert all(identifier in summary.text for identifier in keep)
+    assert len(summary.text) < sum(len(m.text()) for m in span)
+    assert summary.usage.calls == 1 and summary.usage.input_tokens > 0
+
+
+def test_held_calls_wait_in_flight_until_released() -> None:
+    provider = FakeProvider()
+    provider.hold()
+    replies: list[Any] = []
+    with provider.serve() as server:
+        client = anthropic.Anthropic(api_key="sk-test", base_url=server.base_url, max_retries=0)
+        thread = threading.Thread(target=lambda: replies.append(client.messages.create(
+            model="m", max_tokens=8, messages=_request("wait for me"))))
+        thread.start()
+        assert provider.wait_for_calls(1, timeout_s=30)
+        thread.join(timeout=0.2)
+        assert thread.is_alive() and replies == []  # in flight, not answered
+        provider.release()
+        thread.join(timeout=30)
+    assert len(replies) == 1 and provider.stats.succeeded == 1
+    assert not provider.wait_for_calls(2, timeout_s=0.1)

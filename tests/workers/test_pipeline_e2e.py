@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -33,6 +34,8 @@ from pipeline_harness import (
     worker_process,
 )
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.store import SessionStore
+from sessionfold.workers.cli import main
 from sessionfold.workers.client import connect
 from sessionfold.workers.replay import ReplayOptions, format_table, replay
 from sessionfold.workers.settings import Settings
@@ -79,7 +82,9 @@ def test_replayed_transcripts_fold_in_the_background_and_keep_every_invariant(
     assert "summarizer calls on the agents' path: 0" in table
 
 
-def test_up_and_replay_on_the_embedded_defaults(tmp_path: Path) -> None:
+def test_up_and_replay_on_the_embedded_defaults(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     metrics_port, flower_port = free_port(), free_port()
     settings = Settings(redis_url=None, database_url=None, anthropic_api_key=None,
                         summarizer="offline", data_dir=tmp_path / ".sessionfold",
@@ -110,6 +115,7 @@ def test_up_and_replay_on_the_embedded_defaults(tmp_path: Path) -> None:
         folded = re.search(r'sessionfold_folds_total\{outcome="folded",trigger="threshold"\} '
                            r"([0-9.]+)", metrics)
         assert folded is not None and float(folded[1]) >= folds
+        _operate(monkeypatch, capsys, env, tmp_path, "replay-django__django-15554")
         # Ctrl-C at the terminal: SIGINT to the whole foreground group.
         assert up.proc is not None
         os.killpg(up.proc.pid, signal.SIGINT)
@@ -118,3 +124,31 @@ def test_up_and_replay_on_the_embedded_defaults(tmp_path: Path) -> None:
         assert not (tmp_path / ".sessionfold" / "redis" / "redis.url").exists()
     finally:
         up.stop(timeout_s=10)
+
+
+def _operate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+             env: dict[str, str], cwd: Path, sid: str) -> None:
+    """pause / fold / resume / delete against the running pipeline, as an operator would."""
+    for name in [k for k in os.environ if k.startswith("SESSIONFOLD_") or k in (
+            "REDIS_URL", "DATABASE_URL")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("SESSIONFOLD_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.chdir(cwd)
+    store = SessionStore.from_url(None)  # the embedded default, as `up` opened it
+    try:
+        assert main(["pause", sid]) == 0
+        assert store.get_session(sid).paused
+        assert main(["fold", sid, "--wait", "120"]) == 0  # an operator's fold runs while paused
+        printed = capsys.readouterr().out.strip().splitlines()
+        result = json.loads(printed[-1])
+        assert result["session"] == sid and result["trigger"] == "manual"
+        assert result["outcome"] in ("folded", "nothing-to-fold", "refused")
+        assert main(["resume", sid]) == 0
+        assert not store.get_session(sid).paused
+        assert main(["delete", sid]) == 0
+        assert main(["delete", sid]) == 2  # unknown now: a usage error, with the reason
+        assert f"no session {sid!r}" in capsys.readouterr().err
+    finally:
+        store.close()

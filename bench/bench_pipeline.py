@@ -1,0 +1,340 @@
+"""Benchmark: fold throughput per worker, and the lag from an over-budget report to its fold.
+
+Two measurements on real processes (``sessionfold worker`` and ``sessionfold scheduler``
+started by this script, on the Redis of ``SF_TEST_REDIS_URL`` / ``REDIS_URL`` under a fresh key
+prefix, and a SQLite store in a temporary directory unless ``--database-url`` names another):
+
+1. **Folds per second per worker** with an instant summarizer (the offline extractive one):
+   ``--throughput-sessions`` sessions, each over its trigger, are enqueued at once to one worker
+   process (``--throughput-concurrency``, default 1); timed from the first enqueue to the last
+   commit (the store's record times).
+2. **Lag** from the first usage event that puts a session over its trigger to the committed
+   fold, with a summarizer of ``--summarizer-latency`` seconds (the scripted provider over HTTP,
+   through the real Anthropic SDK): ``--sessions`` active sessions each report usage once every
+   ``--period`` seconds, and each crosses its trigger at a random report within ``--reports``
+   reports. The worker runs ``--concurrency`` threads (the summarizer call waits on I/O), and
+   the global summarizer cap is raised to match. Reported: p50, p90, p99 and max lag, and the
+   Redis memory the pipeline holds per session.
+
+Usage (from the repository root)::
+
+    .venv/bin/python bench/bench_pipeline.py              # 1,000 sessions, 1 s summarizer
+    .venv/bin/python bench/bench_pipeline.py --quick      # 40 sessions, 0.2 s: a smoke run
+    .venv/bin/python bench/bench_pipeline.py --sessions 10000 --concurrency 64
+
+Results go to stdout and ``bench/out/pipeline.md`` (``--out``), and as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from sessionfold.core.messages import Message, load_conversation_file
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.store import SessionStore
+from sessionfold.workers.celery_app import make_celery, make_enqueue
+from sessionfold.workers.fakeprovider import FakeProvider
+from sessionfold.workers.keys import Keys
+from sessionfold.workers.redis_conn import redis_client
+from sessionfold.workers.settings import Settings, env_name
+from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "out" / "pipeline.md"
+TRANSCRIPT = REPO / ".." / "shared" / "data" / "transcripts" / "django__django-15554.json"
+#: Messages of the transcript each session holds: enough for one summary to be worth it.
+MESSAGES = 40
+
+
+@dataclass
+class Rig:
+    settings: Settings
+    store: SessionStore
+    workdir: Path
+
+
+@contextmanager
+def process(argv: list[str], settings: Settings, log: Path, ready: str,
+            **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``sessionfold`` subcommand in its own process group, until the block ends."""
+    child_env = {k: v for k, v in os.environ.items()
+                 if not k.startswith(("SESSIONFOLD_", "ANTHROPIC_")) and k not in (
+                     "REDIS_URL", "DATABASE_URL")}
+    for field, value in settings.model_dump().items():
+        if value is not None:
+            child_env[env_name(field)] = (value.get_secret_value()
+                                          if isinstance(value, SecretStr) else str(value))
+    child_env.update(env)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sessionfold.workers.cli", *argv],
+                                env=child_env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while ready not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[0]} did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _sessions(store: SessionStore, prefix: str, n: int, messages: list[Message], system: str,
+              budget_over: float) -> tuple[list[str], FoldPolicy]:
+    """``n`` sessions with the same messages; the budget puts them at ``budget_over`` × budget."""
+    probe = f"{prefix}probe"
+    store.create_session(probe, FoldPolicy(budget_tokens=1_000_000), system)
+    store.append(probe, messages)
+    estimate = store.get_session(probe).current_tokens
+    store.delete_session(probe)
+    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / budget_over)))
+    ids = []
+    for i in range(n):
+        sid = f"{prefix}{i:05d}"
+        store.create_session(sid, policy, system)
+        store.append(sid, messages)
+        ids.append(sid)
+    return ids, policy
+
+
+def _fold_times(store: SessionStore, ids: list[str]) -> dict[str, float]:
+    out = {}
+    for sid in ids:
+        folded = [r for r in store.records(sid) if r.outcome == "folded"]
+        if folded:
+            out[sid] = folded[0].created_at.timestamp()
+    return out
+
+
+def _wait_folded(store: SessionStore, ids: list[str], timeout_s: float) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = _fold_times(store, ids)
+        if len(done) == len(ids) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
+
+
+def throughput(rig: Rig, args: argparse.Namespace, messages: list[Message],
+               system: str) -> dict[str, Any]:
+    """Folds per second of one worker process with the instant (offline) summarizer."""
+    settings = rig.settings.model_copy(update={"summarizer": "offline"})
+    # Twice the budget: every session has a fold to make.
+    ids, _ = _sessions(rig.store, "tp-", args.throughput_sessions, messages, system, 2.0)
+    with process(["worker", f"--concurrency={args.throughput_concurrency}"], settings,
+                 rig.workdir / "throughput-worker.log", "ready."):
+        app = make_celery(settings)
+        enqueue = make_enqueue(app)
+        start = time.time()
+        jobs = [enqueue(sid, None, "manual", None) for sid in ids]
+        for job in jobs:  # every job ends, whatever its outcome
+            app.AsyncResult(job).get(timeout=600, propagate=False)
+        done = _fold_times(rig.store, ids)
+        app.close()
+    last = max(done.values()) if done else start
+    seconds = max(last - start, 1e-9)
+    return {"sessions": len(ids), "folded": len(done), "seconds": seconds,
+            "folds/s": len(done) / seconds,
+            "concurrency": args.throughput_concurrency, "pool": "prefork"}
+
+
+def lag(rig: Rig, args: argparse.Namespace, messages: list[Message],
+        system: str) -> dict[str, Any]:
+    """Lag from the first over-trigger usage event to the committed fold."""
+    provider = FakeProvider(latency_s=args.summarizer_latency)
+    ids, policy = _sessions(rig.store, "lag-", args.sessions, messages, system, 0.75)
+    infos = {sid: rig.store.get_session(sid) for sid in ids}
+    rng = random.Random(7)
+    crossing = {sid: rng.randint(1, args.reports) for sid in ids}
+    phase = {sid: rng.uniform(0, args.period) for sid in ids}
+    first_over: dict[str, float] = {}
+    with provider.serve() as server:
+        settings = rig.settings.model_copy(update={
+            "summarizer": "anthropic", "anthropic_api_key": SecretStr("sk-bench"),
+            "anthropic_base_url": server.base_url,
+            "summarizer_max_concurrency": args.concurrency})
+        with process(["scheduler"], settings, rig.workdir / "scheduler.log",
+                     "sessionfold scheduler: reading"), \
+                process(["worker", "--pool=threads", f"--concurrency={args.concurrency}"],
+                        settings, rig.workdir / "lag-worker.log", "ready."):
+            publisher = UsagePublisher.from_settings(settings, str(settings.redis_url))
+            start = time.time()
+            schedule = sorted((start + phase[sid] + k * args.period, k, sid)
+                              for sid in ids for k in range(args.reports + 1))
+            for due, k, sid in schedule:
+                wait = due - time.time()
+                if wait > 0:
+                    time.sleep(wait)
+                info = infos[sid]
+                over = k >= crossing[sid]
+                tokens = policy.trigger_tokens + 200 if over else policy.trigger_tokens - 200
+                now = time.time()
+                publisher.publish(UsageEvent(
+                    session_id=sid, seq=info.ledger_len - 1, revision=info.revision,
+                    input_tokens=tokens, output_tokens=200, model="bench", time=now))
+                if over:
+                    first_over.setdefault(sid, now)
+            publisher.close()
+            done = _wait_folded(rig.store, ids, timeout_s=120 + args.sessions / 5)
+    lags = sorted(done[sid] - first_over[sid] for sid in done if sid in first_over)
+    memory = _redis_memory(settings, ids)
+    q = statistics.quantiles(lags, n=100, method="inclusive") if len(lags) >= 2 else lags * 99
+    return {"sessions": len(ids), "folded": len(done), "period s": args.period,
+            "reports": args.reports, "summarizer s": args.summarizer_latency,
+            "concurrency": args.concurrency, "pool": "threads",
+            "lag p50": statistics.median(lags) if lags else None,
+            "lag p90": q[89] if lags else None, "lag p99": q[98] if lags else None,
+            "lag max": lags[-1] if lags else None,
+            "summarizer calls": provider.stats.calls, **memory}
+
+
+def _redis_memory(settings: Settings, ids: list[str]) -> dict[str, Any]:
+    """Bytes the pipeline keeps in Redis per session (its measured size) and per usage event."""
+    keys = Keys.from_settings(settings)
+    client = redis_client(str(settings.redis_url))
+    try:
+        per_session = [client.memory_usage(keys.measured(sid)) or 0 for sid in ids]
+        stream = client.memory_usage(keys.usage_stream(), samples=0) or 0
+        length = client.xlen(keys.usage_stream()) or 1
+    finally:
+        client.close()
+    return {"redis bytes/session": statistics.mean(per_session) if per_session else 0,
+            "stream bytes/event": stream / length}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    redis_url = args.redis_url or os.environ.get("SF_TEST_REDIS_URL") or os.environ.get(
+        "REDIS_URL") or "redis://127.0.0.1:6379/15"
+    prefix = f"bench-pipeline:{uuid.uuid4().hex[:8]}:"
+    tmp = tempfile.TemporaryDirectory(prefix="sf-bench-pipeline-")
+    workdir = Path(tmp.name)
+    db_url = args.database_url or f"sqlite:///{workdir / 'store.db'}"
+    # The time limits and the lock only need to cover the slowest fold here.
+    settings = Settings(redis_url=redis_url, database_url=db_url, key_prefix=prefix,
+                        data_dir=workdir / "data", metrics_port=0, summarizer="offline",
+                        anthropic_api_key=None, scheduler_block_ms=50,
+                        scheduler_sweep_interval_s=5, task_time_limit_s=120,
+                        task_soft_time_limit_s=100, lock_ttl_s=300)
+    conv = load_conversation_file(TRANSCRIPT)
+    messages = conv.messages[:MESSAGES]
+    store = SessionStore.from_url(db_url)
+    store.migrate()
+    rig = Rig(settings, store, workdir)
+    try:
+        result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+                             f"{platform.python_version()}",
+                  "store": "sqlite (tmp)" if args.database_url is None else "given URL",
+                  "throughput": throughput(rig, args, messages, conv.system),
+                  "lag": lag(rig, args, messages, conv.system)}
+    finally:
+        store.close()
+        client = redis_client(redis_url)
+        for key in client.scan_iter(match=Keys(prefix).all_pattern(), count=1000):
+            client.delete(key)
+        client.close()
+        tmp.cleanup()
+    return result
+
+
+def _s(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def report(result: dict[str, Any]) -> str:
+    tp, lg = result["throughput"], result["lag"]
+    return "\n".join([
+        "## Pipeline: folds per worker, and report-to-fold lag (issue 4)",
+        "",
+        f"Machine: {result['machine']}; store: {result['store']}. Command: "
+        "`.venv/bin/python bench/bench_pipeline.py` (see its docstring).",
+        "",
+        "Folds per second of one worker process, instant (offline extractive) summarizer, "
+        f"{tp['pool']} pool, concurrency {tp['concurrency']}:",
+        "",
+        "| sessions enqueued | folded | seconds | folds/s |",
+        "|---:|---:|---:|---:|",
+        f"| {tp['sessions']:,} | {tp['folded']:,} | {tp['seconds']:.2f} | "
+        f"**{tp['folds/s']:.1f}** |",
+        "",
+        f"Lag from the first over-trigger usage event to the committed fold: "
+        f"{lg['sessions']:,} active sessions each reporting every {lg['period s']:g} s, "
+        f"summarizer latency {lg['summarizer s']:g} s (scripted provider over HTTP), one worker "
+        f"with {lg['concurrency']} {lg['pool']}:",
+        "",
+        "| sessions | folded | p50 | p90 | p99 | max | summarizer calls |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {lg['sessions']:,} | {lg['folded']:,} | **{_s(lg['lag p50'])}** | "
+        f"{_s(lg['lag p90'])} | {_s(lg['lag p99'])} | {_s(lg['lag max'])} | "
+        f"{lg['summarizer calls']:,} |",
+        "",
+        "The lag includes the scheduler's read of the usage stream, the enqueue, the job's wait "
+        "in the queue, the claim, every summarizer call of the fold (a fold may chain more than "
+        "one) and the commit.",
+        "",
+        f"Redis memory: {lg['redis bytes/session']:.0f} bytes per session (its measured size), "
+        f"{lg['stream bytes/event']:.0f} bytes per usage event kept on the stream.",
+        "",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--period", type=float, default=2.0,
+                        help="seconds between two usage reports of a session")
+    parser.add_argument("--reports", type=int, default=30,
+                        help="reports per session (each crosses its trigger at a random one)")
+    parser.add_argument("--summarizer-latency", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="worker threads for the lag run")
+    parser.add_argument("--throughput-sessions", type=int, default=200)
+    parser.add_argument("--throughput-concurrency", type=int, default=1)
+    parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="40 sessions, 0.2 s summarizer, 20 throughput folds: a smoke run")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sessions, args.period, args.reports = 40, 0.5, 6
+        args.summarizer_latency, args.concurrency = 0.2, 8
+        args.throughput_sessions = 20
+    result = run(args)
+    text = report(result)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    complete = (result["throughput"]["folded"] == result["throughput"]["sessions"]
+                and result["lag"]["folded"] == result["lag"]["sessions"])
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
