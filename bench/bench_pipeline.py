@@ -2,7 +2,8 @@
 
 Two measurements on real processes (``sessionfold worker`` and ``sessionfold scheduler``
 started by this script, on the Redis of ``SF_TEST_REDIS_URL`` / ``REDIS_URL`` under a fresh key
-prefix, and a SQLite store in a temporary directory unless ``--database-url`` names another):
+prefix, and a SQLite store in a temporary directory; ``--postgres ADMIN_URL`` makes a fresh
+database on that PostgreSQL server for the run and drops it afterwards):
 
 1. **Folds per second per worker** with an instant summarizer (the offline extractive one):
    ``--throughput-sessions`` sessions, each over its trigger, are enqueued at once to one worker
@@ -21,6 +22,7 @@ Usage (from the repository root)::
     .venv/bin/python bench/bench_pipeline.py              # 1,000 sessions, 1 s summarizer
     .venv/bin/python bench/bench_pipeline.py --quick      # 40 sessions, 0.2 s: a smoke run
     .venv/bin/python bench/bench_pipeline.py --sessions 10000 --concurrency 64
+    .venv/bin/python bench/bench_pipeline.py --postgres postgresql+psycopg://postgres@127.0.0.1/postgres
 
 Results go to stdout and ``bench/out/pipeline.md`` (``--out``), and as JSON with ``--json``.
 """
@@ -48,7 +50,7 @@ from typing import Any
 from pydantic import SecretStr
 from sessionfold.core.messages import Message, load_conversation_file
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.store import SessionStore
+from sessionfold.store import SessionStore, create_store_engine
 from sessionfold.workers.celery_app import make_celery, make_enqueue
 from sessionfold.workers.fakeprovider import FakeProvider
 from sessionfold.workers.keys import Keys
@@ -232,7 +234,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prefix = f"bench-pipeline:{uuid.uuid4().hex[:8]}:"
     tmp = tempfile.TemporaryDirectory(prefix="sf-bench-pipeline-")
     workdir = Path(tmp.name)
-    db_url = args.database_url or f"sqlite:///{workdir / 'store.db'}"
+    if args.workdir is not None:  # keep the processes' logs and the store for a look
+        workdir = args.workdir.resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+    database = _Database(args.postgres) if args.postgres else None
+    db_url = database.url if database else f"sqlite:///{workdir / 'store.db'}"
     # The time limits and the lock only need to cover the slowest fold here.
     settings = Settings(redis_url=redis_url, database_url=db_url, key_prefix=prefix,
                         data_dir=workdir / "data", metrics_port=0, summarizer="offline",
@@ -247,17 +253,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
                              f"{platform.python_version()}",
-                  "store": "sqlite (tmp)" if args.database_url is None else "given URL",
+                  "store": "postgresql (fresh database)" if database else "sqlite (tmp)",
                   "throughput": throughput(rig, args, messages, conv.system),
                   "lag": lag(rig, args, messages, conv.system)}
     finally:
         store.close()
+        if database:
+            database.drop()
         client = redis_client(redis_url)
         for key in client.scan_iter(match=Keys(prefix).all_pattern(), count=1000):
             client.delete(key)
         client.close()
         tmp.cleanup()
     return result
+
+
+class _Database:
+    """A database of the run's own on a PostgreSQL server, dropped at the end."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin = create_store_engine(admin_url, pool_size=1).execution_options(
+            isolation_level="AUTOCOMMIT")
+        self.name = f"sf_bench_{uuid.uuid4().hex[:10]}"
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
+        self.url = self.admin.url.set(database=self.name).render_as_string(hide_password=False)
+
+    def drop(self) -> None:
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self.admin.dispose()
 
 
 def _s(value: float | None) -> str:
@@ -314,9 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-sessions", type=int, default=200)
     parser.add_argument("--throughput-concurrency", type=int, default=1)
     parser.add_argument("--redis-url", default=None)
-    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--postgres", default=None, metavar="ADMIN_URL",
+                        help="run on a fresh database made (and dropped) on this server")
     parser.add_argument("--quick", action="store_true",
                         help="40 sessions, 0.2 s summarizer, 20 throughput folds: a smoke run")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep logs and the SQLite store here (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args(argv)

@@ -67,8 +67,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionSto
 
 @pytest.fixture
 def session(store: SessionStore) -> list[Message]:
-    """An agent session well over its trigger: 60 messages of a real transcript."""
-    conv = transcript_session("django__django-15554", 60)
+    """An agent session well over its trigger: 40 messages of a real transcript."""
+    conv = transcript_session("django__django-15554", 40)
     store.create_session(SID, POLICY, conv.system)
     store.append(SID, conv.messages)
     assert store.get_session(SID).over_budget

@@ -1,0 +1,33 @@
+"""``bench/bench_pipeline.py --quick`` still runs and measures what it says (not a timed test:
+the numbers are only checked for what must hold whatever the machine's speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_pipeline.py"
+
+
+@pytest.mark.slow
+def test_quick_mode_folds_every_session_and_reports_a_causal_lag(
+        redis_url: str, tmp_path: Path) -> None:
+    out, numbers = tmp_path / "pipeline.md", tmp_path / "pipeline.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--redis-url", redis_url,
+                           "--out", str(out), "--json", str(numbers)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(numbers.read_text())
+    throughput, lag = result["throughput"], result["lag"]
+    assert throughput["folded"] == throughput["sessions"] == 20
+    assert throughput["folds/s"] > 0
+    assert lag["folded"] == lag["sessions"] == 40
+    # A fold cannot land before its summarizer answered: the lag has that floor.
+    assert lag["summarizer s"] <= lag["lag p50"] <= lag["lag p99"] <= lag["lag max"]
+    assert lag["summarizer calls"] >= lag["folded"]
+    assert lag["redis bytes/session"] > 0
+    assert "folds/s" in out.read_text() and "p50" in out.read_text()
