@@ -19,6 +19,12 @@ One batch, top to bottom (:meth:`Scheduler.run_once`):
 5. Acknowledge the entries. A failure before this point leaves them pending: they are reclaimed
    and acted on again, which is harmless (steps 2–4 are idempotent).
 
+When the scheduler is behind (a read comes back full) the store is the slow part: step 3 then
+waits, up to ``scheduler_store_flush_ms``, for the next batches, so each session's newest value
+is written once rather than once per batch. Sessions past their trigger are never held back
+(steps 3–4 run for them at once), and an entry is acknowledged only when the value it carries,
+or a newer one, is in the store. When caught up every batch is written as it is read.
+
 Every ``scheduler_sweep_interval_s`` the scheduler also asks the store for over-budget sessions
 (``over_budget``): Redis keeps nothing on disk, and events dropped by a publisher during an
 outage or lost in a restart must not leave a session unfolded.
@@ -115,6 +121,8 @@ class BatchStats:
     superseded: int = 0
     #: Sessions the store does not know (deleted, or never created).
     unknown: int = 0
+    #: Measured sizes written to the store.
+    written: int = 0
     #: Job ids enqueued, by session.
     enqueued: dict[str, str] = field(default_factory=dict)
     #: Sessions over their trigger that were not enqueued, with the reason.
@@ -163,6 +171,10 @@ class Scheduler:
         #: session → (last_visit_at, policy) of the last no-fold verdict seen
         self._verdicts: dict[str, tuple[datetime | None, FoldPolicy]] = {}
         self._next_sweep = 0.0
+        self._flush_s = settings.scheduler_store_flush_ms / 1000
+        #: session → the entry carrying its newest accepted value, not yet in the store
+        self._unwritten: dict[str, StreamEntry] = {}
+        self._unwritten_since: float | None = None
 
     # --- the loop ----------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event) -> None:
@@ -177,6 +189,10 @@ class Scheduler:
                 backoff = min(max(backoff * 2, 0.1), 10.0)
                 log.exception("scheduler batch failed; retrying in %.1fs", backoff)
                 stop.wait(backoff)
+        try:
+            self.flush()
+        except Exception:  # the entries stay pending; another scheduler takes them over
+            log.exception("could not write the last measured sizes before stopping")
         log.info("scheduler %s stopped", self.consumer.name)
 
     def run_once(self, stop: threading.Event | None = None) -> BatchStats:
@@ -187,6 +203,8 @@ class Scheduler:
         entries = self.consumer.read(stop)
         if entries:
             self.handle(entries, stats)
+        elif self._unwritten:
+            self.flush(stats)  # caught up: nothing more will coalesce with what waits
         return stats
 
     def handle(self, entries: Sequence[StreamEntry], stats: BatchStats | None = None
@@ -194,8 +212,8 @@ class Scheduler:
         """Act on a batch of entries and acknowledge them (see the module doc)."""
         stats = stats or BatchStats()
         latest = _latest_per_session(entries)
-        known = {sid: e for sid, e in latest.items() if self._cached_info(sid) is not None}
-        accepted = self._compare_and_set(known.values())
+        known = [e for sid, e in latest.items() if self._cached_info(sid) is not None]
+        accepted = self._compare_and_set(known)
         superseded = len(entries) - len(latest) + len(known) - len(accepted)
         unknown = len(latest) - len(known)
         stats.events += len(entries)
@@ -205,18 +223,71 @@ class Scheduler:
         self._metrics.count_usage_events("accepted", len(accepted))
         self._metrics.count_usage_events("superseded", superseded)
         self._metrics.count_usage_events("unknown-session", unknown)
-        if accepted:
-            self.store.record_usage_batch([_report(ev) for ev in accepted])
-        failed: set[str] = set()
-        for ev in accepted:
-            info = self._cached_info(ev.session_id)
-            if info is None or not self._may_be_over(info, ev):
-                continue
-            if not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
-                failed.add(ev.session_id)
-        # Entries of a session whose enqueue failed stay pending and come back (XAUTOCLAIM).
-        self.consumer.ack([e for e in entries if e.event.session_id not in failed])
+
+        # An accepted entry "carries" its session's value until the value is in the store;
+        # every other entry (older, unknown session, or carrying a value now replaced by a
+        # newer one) is done with and acknowledged now.
+        carriers = {id(e) for e in accepted}
+        done = [e for e in entries if id(e) not in carriers]
+        urgent: list[str] = []
+        if self._unwritten_since is None and accepted:
+            self._unwritten_since = time.monotonic()
+        for entry in accepted:
+            sid = entry.event.session_id
+            replaced = self._unwritten.get(sid)
+            if replaced is not None:
+                done.append(replaced)
+            self._unwritten[sid] = entry
+            info = self._cached_info(sid)
+            if info is not None and self._may_be_over(info, entry.event):
+                urgent.append(sid)
+        self.consumer.ack(done)
+
+        if self._flush_due(backlog=len(entries) >= self.consumer.batch_size):
+            self.flush(stats)
+        elif urgent:
+            self.flush(stats, only=urgent)  # over the trigger: written and decided at once
         return stats
+
+    def flush(self, stats: BatchStats | None = None, *, only: Sequence[str] | None = None
+              ) -> int:
+        """Write unwritten measured sizes to the store, decide who gets a job, acknowledge.
+
+        Returns the number of sessions written. If the store fails, the values stay unwritten
+        (and their entries unacknowledged) for the next flush.
+        """
+        stats = stats or BatchStats()
+        sids = list(self._unwritten) if only is None else [s for s in only
+                                                            if s in self._unwritten]
+        step = self.consumer.batch_size  # one short store transaction per batch-size chunk
+        for start in range(0, len(sids), step):
+            chunk = sids[start:start + step]
+            self.store.record_usage_batch([_report(self._unwritten[sid].event) for sid in chunk])
+            written = [self._unwritten.pop(sid) for sid in chunk]
+            stats.written += len(written)
+            failed: set[str] = set()
+            for entry in written:
+                ev = entry.event
+                info = self._cached_info(ev.session_id)
+                if info is not None and self._may_be_over(info, ev) and \
+                        not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
+                    failed.add(ev.session_id)
+            # A failed enqueue leaves its entry pending: it comes back through XAUTOCLAIM.
+            self.consumer.ack([e for e in written if e.event.session_id not in failed])
+        if not self._unwritten:
+            self._unwritten_since = None
+        return len(sids)
+
+    def _flush_due(self, *, backlog: bool) -> bool:
+        # Caught up (the read was not full): write now. Behind: let reports of sessions under
+        # their trigger coalesce for up to scheduler_store_flush_ms, so that a store slower
+        # than the stream writes each session's newest value once instead of every batch.
+        if not backlog or not self._unwritten:
+            return True
+        if len(self._unwritten) >= 10 * self.consumer.batch_size:
+            return True
+        assert self._unwritten_since is not None
+        return time.monotonic() - self._unwritten_since >= self._flush_s
 
     def sweep(self, stats: BatchStats | None = None) -> int:
         """Enqueue over-budget sessions the store knows of (events lost by Redis). Returns the
@@ -236,7 +307,7 @@ class Scheduler:
         return len(stats.enqueued) - before
 
     # --- steps -------------------------------------------------------------------------------
-    def _compare_and_set(self, latest: Iterable[StreamEntry]) -> list[UsageEvent]:
+    def _compare_and_set(self, latest: Iterable[StreamEntry]) -> list[StreamEntry]:
         entries = list(latest)
         if not entries:
             return []
@@ -249,7 +320,7 @@ class Scheduler:
         args.append(self._measured_ttl_ms)
         with mapped_errors("recording measured sizes"):
             flags = self._cas(keys=keys, args=args)
-        return [e.event for e, ok in zip(entries, bytes(flags), strict=True) if ok == ord("1")]
+        return [e for e, ok in zip(entries, bytes(flags), strict=True) if ok == ord("1")]
 
     def _may_be_over(self, info: SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.

@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     scheduler_sweep_interval_s: float = Field(default=30.0, gt=0)
     #: How long the scheduler trusts a session's policy read from the store.
     scheduler_policy_cache_s: float = Field(default=5.0, ge=0)
+    #: While behind, how long reports of sessions under their trigger may wait to be written
+    #: to the store (coalescing them); 0 writes every batch. See workers.scheduler.
+    scheduler_store_flush_ms: int = Field(default=250, ge=0, le=10_000)
     #: One fold job per session: the lock covers the job's queue wait and its run.
     lock_ttl_s: float = Field(default=900.0, gt=0)
     #: Per-session measured size kept in Redis expires after this long without a report.

@@ -215,6 +215,92 @@ def test_a_failed_store_write_is_retried_from_the_pending_entries(
     assert pending(redis_conn, settings) == 0
 
 
+class CountingWrites:
+    """Wraps a store's record_usage_batch, remembering the sessions of every call."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.calls: list[list[str]] = []
+        self._real = store.record_usage_batch
+
+    def __call__(self, reports: Any) -> int:
+        self.calls.append([r.session_id for r in reports])
+        return self._real(reports)
+
+
+def test_while_behind_reports_under_the_trigger_coalesce_before_the_store(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_settings(scheduler_block_ms=10, scheduler_batch_size=5,
+                             scheduler_store_flush_ms=10_000, scheduler_policy_cache_s=60,
+                             scheduler_sweep_interval_s=3600)
+    enqueue = RecordingEnqueue()
+    sched = Scheduler(settings, sqlite_store, redis_conn, enqueue,
+                      metrics_=Metrics(CollectorRegistry()))
+    quiet, hot = new_session(sqlite_store, "quiet", n_turns=8), new_session(sqlite_store, "hot")
+    writes = CountingWrites(sqlite_store)
+    monkeypatch.setattr(sqlite_store, "record_usage_batch", writes)
+    for seq in range(10):
+        publisher.publish(usage(quiet, 2_000 + seq, seq=seq))
+    publisher.publish(usage(hot, 9_000))  # over its trigger, in the third (full) batch
+    for seq in range(10, 14):
+        publisher.publish(usage(quiet, 2_000 + seq, seq=seq))
+    first, second = sched.run_once(), sched.run_once()
+    assert (first.events, second.events) == (5, 5)
+    assert writes.calls == []  # behind: nothing under its trigger written yet …
+    assert pending(redis_conn, settings) == 1  # … only the carrier of quiet's newest value waits
+    third = sched.run_once()
+    assert writes.calls == [["hot"]]  # past its trigger: written and decided at once
+    assert list(third.enqueued) == ["hot"]
+    assert sqlite_store.get_session("quiet").measured_seq is None
+    last = sched.run_once()  # caught up: the read comes back empty, the rest is written
+    assert last.events == 0 and last.written == 1
+    assert writes.calls == [["hot"], ["quiet"]]
+    assert sqlite_store.get_session("quiet").measured_seq == 13
+    assert pending(redis_conn, settings) == 0
+
+
+def test_with_flush_zero_every_batch_is_written(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_settings(scheduler_block_ms=10, scheduler_batch_size=5,
+                             scheduler_store_flush_ms=0, scheduler_sweep_interval_s=3600)
+    sched = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                      metrics_=Metrics(CollectorRegistry()))
+    info = new_session(sqlite_store, "s1", n_turns=8)
+    writes = CountingWrites(sqlite_store)
+    monkeypatch.setattr(sqlite_store, "record_usage_batch", writes)
+    for seq in range(15):
+        publisher.publish(usage(info, 2_000 + seq, seq=seq))
+    for _ in range(3):
+        sched.run_once()
+        assert pending(redis_conn, settings) == 0
+    assert writes.calls == [["s1"], ["s1"], ["s1"]]
+
+
+def test_stopping_writes_what_waits(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher) -> None:
+    settings = make_settings(scheduler_block_ms=10, scheduler_batch_size=2,
+                             scheduler_store_flush_ms=10_000, scheduler_sweep_interval_s=3600)
+    sched = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                      metrics_=Metrics(CollectorRegistry()))
+    info = new_session(sqlite_store, "s1", n_turns=4)
+    for seq in range(4):
+        publisher.publish(usage(info, 2_000 + seq, seq=seq))
+    sched.run_once()
+    assert sqlite_store.get_session("s1").measured_seq is None
+    stop = threading.Event()
+    stop.set()
+    sched.run_forever(stop)  # SIGTERM: the loop ends, and what waits is written first
+    assert sqlite_store.get_session("s1").measured_seq == 1
+    assert pending(redis_conn, settings) == 0  # what was read is acknowledged …
+    nxt = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                    metrics_=Metrics(CollectorRegistry()))
+    assert nxt.run_once().events == 2  # … and the unread half is there for the next scheduler
+
+
 def test_two_schedulers_at_once_keep_every_size_monotonic(
         settings: Settings, sqlite_store: SessionStore, redis_url: str,
         publisher: UsagePublisher) -> None:
