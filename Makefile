@@ -1,6 +1,8 @@
 # sessionfold: the two commands a newcomer runs.
 #
-#   make demo   create .venv if needed, then fold the bundled example session and report
+#   make demo   create .venv if needed, then run `sessionfold demo`: the whole pipeline on the
+#               embedded defaults (Redis, SQLite, scheduler, two workers, Flower, metrics) with a
+#               fleet of scripted standing agents, ending with a report and sessionfold-demo.png
 #   make test   create .venv if needed, then ruff, mypy --strict and pytest
 #
 # The virtualenv is (re)installed only when pyproject.toml is newer than its stamp, so both
@@ -14,9 +16,15 @@ EXAMPLE := workers/examples/ops-incident-acct-8842.json
 PYTEST_ARGS ?=
 NEED_311 := import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 
-.PHONY: demo test lint typecheck pytest bench clean-venv
+.PHONY: demo compact-example test lint typecheck pytest bench clean-venv
+
+DEMO_ARGS ?=
 
 demo: $(STAMP)
+	$(BIN)/sessionfold demo $(DEMO_ARGS)
+
+# The pure fold engine alone: fold the bundled example session and report.
+compact-example: $(STAMP)
 	$(BIN)/sessionfold compact $(EXAMPLE) --report
 
 test: lint typecheck pytest
