@@ -193,10 +193,10 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
                compaction_records.c.outcome == "folded")
         .order_by(compaction_records.c.id).limit(1)).scalar()
     if done is not None:
-        spans = [_stored_span(r) for r in conn.execute(
+        written = [_stored_span(r) for r in conn.execute(
             sa.select(folds).where(folds.c.session_id == sid, folds.c.job_id == job_id)
             .order_by(folds.c.start_seq))]
-        return row.revision, spans, int(done), True
+        return row.revision, written, int(done), True
     if row.fold_epoch != epoch:
         raise Stale(f"the session was claimed again since (epoch {row.fold_epoch} now, this fold "
                     f"claimed {epoch})")
@@ -222,9 +222,11 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         "chars_after": s.chars_after, "job_id": job_id, "epoch": epoch, "revision": revision,
         "discarded_at": now if discard else None, "created_at": now,
     } for s in prepared.result.spans]
+    spans: list[StoredSpan] = []
     if span_rows:
         try:
-            conn.execute(folds.insert(), span_rows)
+            spans = [_stored_span(r) for r in conn.execute(
+                folds.insert().returning(*folds.c, sort_by_parameter_order=True), span_rows)]
         except sa_exc.IntegrityError as exc:
             # The items passed the compare-and-set, so this is no race: the plan re-folds exactly
             # the range of an earlier span (the planner refuses that as only-existing-summary).
@@ -257,9 +259,6 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         last_visit_outcome=prepared.record.outcome,
         last_visit_tokens=prepared.record.measured_tokens, last_visit_at=now, updated_at=now,
     ))
-    spans = [_stored_span(r) for r in conn.execute(
-        sa.select(folds).where(folds.c.session_id == sid, folds.c.revision == revision)
-        .order_by(folds.c.start_seq))]
     return revision, spans, record_id, False
 
 
