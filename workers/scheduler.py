@@ -40,7 +40,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -67,32 +67,40 @@ log = logging.getLogger(__name__)
 NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 
 # Compare-and-set of the measured size of every session of a batch, in one call. KEYS: the
-# sessions' hashes. ARGV: revision, seq, prompt tokens, payload (the stream entry's JSON), ttl
-# ms last. Returns one character per key: "1" where the event is not older (by revision, then
-# seq) than what the hash holds and was stored, "0" where it is older. An equal position counts
-# as "1" on purpose: an entry redelivered because its store write failed must reach the store
-# the second time. In Lua so each compare and its write are one step however many schedulers
-# race; one call per batch because the client's cost is per command and argument, not per key.
+# sessions' hashes. ARGV, five per key: the session's creation time ("born"), revision, seq,
+# prompt tokens, payload (the stream entry's JSON); the ttl in ms last. Returns one character
+# per key:
+#   "1"  stored: the event is not older (by revision, then seq) than what the hash holds, or the
+#        hash belongs to an earlier session of the same id (deleted and created again: its
+#        revisions start over). An equal position counts on purpose: an entry redelivered
+#        because its store write failed must reach the store the second time.
+#   "0"  older than what the hash holds: ignored.
+#   "2"  judged with a creation time older than the hash's: the caller's copy of the session
+#        is stale (re-read it); ignored.
+# In Lua so each compare and its write are one step however many schedulers race; one call per
+# batch because the client's cost is per command and argument, not per key.
 _MEASURED_CAS = """
 local ttl = ARGV[#ARGV]
 local out = {}
 for i, key in ipairs(KEYS) do
-  local a = (i - 1) * 4
-  local rev, seq = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local cur = redis.call('HMGET', key, 'revision', 'seq')
-  local newer = true  -- not older, strictly: see above
+  local a = (i - 1) * 5
+  local born, rev, seq = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local cur = redis.call('HMGET', key, 'born', 'revision', 'seq')
+  local verdict = '1'
   if cur[1] then
-    local crev, cseq = tonumber(cur[1]), tonumber(cur[2])
-    newer = rev > crev or (rev == crev and seq >= cseq)
+    local cborn, crev, cseq = tonumber(cur[1]), tonumber(cur[2]), tonumber(cur[3])
+    if born < cborn then
+      verdict = '2'
+    elseif born == cborn and (rev < crev or (rev == crev and seq < cseq)) then
+      verdict = '0'
+    end
   end
-  if newer then
-    redis.call('HSET', key, 'revision', ARGV[a + 1], 'seq', ARGV[a + 2], 'tokens', ARGV[a + 3],
-               'usage', ARGV[a + 4])
+  if verdict == '1' then
+    redis.call('HSET', key, 'born', ARGV[a + 1], 'revision', ARGV[a + 2], 'seq', ARGV[a + 3],
+               'tokens', ARGV[a + 4], 'usage', ARGV[a + 5])
     redis.call('PEXPIRE', key, ttl)
-    out[i] = '1'
-  else
-    out[i] = '0'
   end
+  out[i] = verdict
 end
 return table.concat(out)
 """
@@ -212,7 +220,8 @@ class Scheduler:
         """Act on a batch of entries and acknowledge them (see the module doc)."""
         stats = stats or BatchStats()
         latest = _latest_per_session(entries)
-        known = [e for sid, e in latest.items() if self._cached_info(sid) is not None]
+        known = [(e, info) for sid, e in latest.items()
+                 if (info := self._cached_info(sid)) is not None]
         accepted = self._compare_and_set(known)
         superseded = len(entries) - len(latest) + len(known) - len(accepted)
         unknown = len(latest) - len(known)
@@ -235,8 +244,8 @@ class Scheduler:
         for entry in accepted:
             sid = entry.event.session_id
             replaced = self._unwritten.get(sid)
-            if replaced is not None:
-                done.append(replaced)
+            if replaced is not None and replaced.entry_id != entry.entry_id:
+                done.append(replaced)  # (the same id: our own entry reclaimed, still carrying)
             self._unwritten[sid] = entry
             info = self._cached_info(sid)
             if info is not None and self._may_be_over(info, entry.event):
@@ -307,20 +316,27 @@ class Scheduler:
         return len(stats.enqueued) - before
 
     # --- steps -------------------------------------------------------------------------------
-    def _compare_and_set(self, latest: Iterable[StreamEntry]) -> list[StreamEntry]:
-        entries = list(latest)
-        if not entries:
+    def _compare_and_set(self, known: Sequence[tuple[StreamEntry, SessionInfo]]
+                         ) -> list[StreamEntry]:
+        if not known:
             return []
         keys: list[str] = []
         args: list[bytes | str | int] = []
-        for entry in entries:
+        for entry, info in known:
             ev = entry.event
             keys.append(self.keys.measured(ev.session_id))
-            args += [ev.revision, ev.seq, ev.prompt_tokens, entry.payload or ev.to_payload()]
+            args += [repr(info.created_at.timestamp()), ev.revision, ev.seq, ev.prompt_tokens,
+                     entry.payload or ev.to_payload()]
         args.append(self._measured_ttl_ms)
         with mapped_errors("recording measured sizes"):
-            flags = self._cas(keys=keys, args=args)
-        return [e for e, ok in zip(entries, bytes(flags), strict=True) if ok == ord("1")]
+            verdicts = bytes(self._cas(keys=keys, args=args))
+        accepted = []
+        for (entry, _), verdict in zip(known, verdicts, strict=True):
+            if verdict == ord("1"):
+                accepted.append(entry)
+            elif verdict == ord("2"):
+                self._infos.pop(entry.event.session_id, None)  # re-read it next time
+        return accepted
 
     def _may_be_over(self, info: SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.

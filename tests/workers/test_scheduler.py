@@ -183,6 +183,56 @@ def test_an_older_report_never_overwrites_a_newer_one(
     assert redis_conn.hmget(measured, "seq", "tokens") == [b"9", b"6000"]
 
 
+def test_a_session_deleted_and_created_again_is_measured_afresh(
+        scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    first = new_session(sqlite_store, "s1", n_turns=6)
+    for _ in range(3):
+        sqlite_store.append("s1", turns(1))  # revisions move on
+    info = sqlite_store.get_session("s1")
+    publisher.publish(usage(info, 7_000))
+    scheduler.run_once()
+    assert sqlite_store.get_session("s1").measured_tokens == 7_000
+    # Same id, new session (a replay run again): its revisions and seqs start over, lower.
+    assert sqlite_store.delete_session("s1")
+    again = new_session(sqlite_store, "s1", n_turns=1)
+    assert (again.revision, again.ledger_len) < (info.revision, info.ledger_len)
+    assert again.created_at > first.created_at
+    publisher.publish(usage(again, 3_000))
+    stats = scheduler.run_once()
+    assert stats.accepted == 1
+    assert sqlite_store.get_session("s1").measured_tokens == 3_000
+    measured = Keys.from_settings(settings).measured("s1")
+    assert redis_conn.hget(measured, "tokens") == b"3000"
+
+
+def test_a_scheduler_with_a_stale_copy_of_a_recreated_session_cannot_undo_a_newer_one(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher) -> None:
+    stale_settings = make_settings(scheduler_block_ms=10, scheduler_policy_cache_s=3600,
+                                   scheduler_sweep_interval_s=3600)
+    fresh_settings = make_settings(scheduler_block_ms=10, scheduler_policy_cache_s=0,
+                                   scheduler_sweep_interval_s=3600)
+    stale = Scheduler(stale_settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                      consumer_name="stale", metrics_=Metrics(CollectorRegistry()))
+    fresh = Scheduler(fresh_settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                      consumer_name="fresh", metrics_=Metrics(CollectorRegistry()))
+    old = new_session(sqlite_store, "s1", n_turns=6)
+    publisher.publish(usage(old, 7_000))
+    assert stale.run_once().accepted == 1  # it now holds the old session's info for an hour
+    sqlite_store.delete_session("s1")
+    new = new_session(sqlite_store, "s1", n_turns=3)
+    publisher.publish(usage(new, 3_000, seq=5))
+    assert fresh.run_once().accepted == 1
+    publisher.publish(usage(new, 2_000, seq=1))  # older than seq 5 of the new session
+    assert stale.run_once().accepted == 0  # judged as the old session: refused, info dropped
+    measured = Keys.from_settings(fresh_settings).measured("s1")
+    assert redis_conn.hmget(measured, "seq", "tokens") == [b"5", b"3000"]
+    publisher.publish(usage(new, 4_000, seq=5))
+    assert stale.run_once().accepted == 1  # re-read: the new session, the same position
+    assert redis_conn.hget(measured, "tokens") == b"4000"
+
+
 def test_a_failed_store_write_is_retried_from_the_pending_entries(
         make_settings: Callable[..., Settings], sqlite_store: SessionStore,
         redis_conn: redis.Redis, publisher: UsagePublisher,
