@@ -13,6 +13,8 @@ The store and the workers use :func:`fold_window` on stored window items; see
 ``docs/internals.md``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .compact import CompactResult, FoldResult, compact, fold_window
 from .errors import (
     ContextOverflowError,
@@ -64,7 +66,6 @@ from .policy import LAYERS, FoldPolicy, LayerName
 from .retention import RetentionResult, check_retention, extract_identifiers
 from .summarizers import (
     DEFAULT_MODEL,
-    AnthropicSummarizer,
     ExtractiveSummarizer,
     Summarizer,
     Summary,
@@ -166,3 +167,16 @@ __all__ = [
     "to_openai",
     "window_messages",
 ]
+
+
+if TYPE_CHECKING:
+    from .anthropic_summarizer import AnthropicSummarizer
+
+
+def __getattr__(name: str) -> Any:
+    # The anthropic SDK takes over a second to import: only those who use it pay for it.
+    if name == "AnthropicSummarizer":
+        from .anthropic_summarizer import AnthropicSummarizer
+
+        return AnthropicSummarizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
-from sessionfold.core.summarizers import AnthropicSummarizer, ExtractiveSummarizer, Summarizer
+from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer
 from sessionfold.core.window import CompactionRecord, SummarizerUsage, Trigger
 
 if TYPE_CHECKING:
@@ -163,6 +163,8 @@ def make_summarizer(settings: Settings) -> Summarizer:
     """
     if settings.summarizer_kind == "anthropic":
         key = settings.anthropic_api_key
+        from sessionfold.core.anthropic_summarizer import AnthropicSummarizer  # import cost: ~1 s
+
         return AnthropicSummarizer(api_key=key.get_secret_value() if key else None,
                                    base_url=settings.anthropic_base_url,
                                    model=settings.summarizer_model,

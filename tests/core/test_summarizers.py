@@ -15,6 +15,7 @@ import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
 from sessionfold.core.errors import (
     InvalidInputError,
     PermanentSummarizerError,
@@ -32,7 +33,6 @@ from sessionfold.core.messages import (
 from sessionfold.core.overflow import is_context_overflow
 from sessionfold.core.retention import check_retention, extract_identifiers
 from sessionfold.core.summarizers import (
-    AnthropicSummarizer,
     ExtractiveSummarizer,
     Summarizer,
     render_transcript,

@@ -10,9 +10,9 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
+from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
 from sessionfold.core.messages import load_conversation_file
 from sessionfold.core.retention import extract_identifiers
-from sessionfold.core.summarizers import AnthropicSummarizer
 from sessionfold.core.tokens import default_counter
 from sessionfold.workers.fakeprovider import FakeProvider, Fault
 

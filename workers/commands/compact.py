@@ -35,19 +35,17 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sessionfold.core.compact import CompactResult, compact
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError
 from sessionfold.core.messages import Conversation, load_conversation, load_conversation_file
 from sessionfold.core.policy import LAYERS, FoldPolicy
-from sessionfold.core.summarizers import (
-    DEFAULT_MODEL,
-    AnthropicSummarizer,
-    ExtractiveSummarizer,
-    Summarizer,
-)
+from sessionfold.core.summarizers import DEFAULT_MODEL, ExtractiveSummarizer, Summarizer
 from sessionfold.core.window import Refusal, WindowItem
+
+if TYPE_CHECKING:
+    from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
 
 __all__ = ["DEFAULT_BUDGET", "register"]
 
@@ -203,8 +201,8 @@ def _load(path: str) -> Conversation:
 def _summarizer(args: argparse.Namespace) -> Summarizer:
     if args.summarizer == "anthropic":
         if args.model:
-            return AnthropicSummarizer(model=args.model)
-        return AnthropicSummarizer()
+            return _anthropic_summarizer()(model=args.model)
+        return _anthropic_summarizer()()
     return ExtractiveSummarizer()
 
 
@@ -255,3 +253,11 @@ def _distinct_refusals(refusals: Sequence[Refusal]) -> list[tuple[str, int, int]
         if key not in seen:
             seen.append(key)
     return seen
+
+
+def _anthropic_summarizer() -> type[AnthropicSummarizer]:
+    # Imported on use: the anthropic SDK takes about a second to import, which every other
+    # invocation of the command would pay for nothing.
+    from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
+
+    return AnthropicSummarizer
