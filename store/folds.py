@@ -71,6 +71,10 @@ class PreparedFold:
         self.edit: FoldEdit = result.edit
         self.record: CompactionRecord = result.record
         _check_coverage(self.edit)
+        if not self.edit.empty and self.record.outcome != "folded":
+            raise InvalidInputError(
+                f"a fold that changes the window must be recorded as 'folded', not "
+                f"{self.record.outcome!r}")
         self.inserted: list[dict[str, Any]] = [
             {"start_seq": item.start_seq, "end_seq": item.end_seq, "kind": item.kind,
              "message": encode_message(item.message), "edits": list(item.edits),

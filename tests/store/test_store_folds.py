@@ -295,6 +295,10 @@ def test_a_malformed_fold_is_refused_before_anything_is_written(store: SessionSt
     with pytest.raises(InvalidInputError, match="cover exactly"):
         store.commit_fold("a", type(broken)(broken.window, gap, broken.record, broken.spans),
                           epoch=claim.epoch, job_id="job-1")
+    mislabeled = broken.record.model_copy(update={"outcome": "refused"})
+    with pytest.raises(InvalidInputError, match="recorded as 'folded'"):
+        store.commit_fold("a", type(broken)(broken.window, broken.edit, mislabeled,
+                                            broken.spans), epoch=claim.epoch, job_id="job-1")
     with pytest.raises(InvalidInputError, match="FoldResult"):
         store.commit_fold("a", {"edit": None}, epoch=claim.epoch,  # type: ignore[arg-type]
                           job_id="job-1")
