@@ -47,7 +47,9 @@ from celery.signals import (  # type: ignore[import-untyped]
 )
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.summarizers import Summarizer
+from sessionfold.store import SessionStore
 
+from .client import database_url_for
 from .folding import make_summarizer
 from .gate import GatedSummarizer, SpendCap, SummarizerSlots
 from .keys import FOLD_QUEUE, Keys
@@ -56,7 +58,6 @@ from .redis_conn import EmbeddedRedis, redis_client
 
 if TYPE_CHECKING:
     import redis
-    from sessionfold.store import SessionStore
 
     from .scheduler import Enqueue
     from .settings import Settings
@@ -193,9 +194,7 @@ class WorkerRuntime:
     def store(self) -> SessionStore:
         with self._lock:
             if self._store is None:
-                from sessionfold.store import SessionStore
-
-                store = SessionStore.from_url(self.settings.database_url)
+                store = SessionStore.from_url(database_url_for(self.settings))
                 store.check_schema()
                 self._store = store
             return self._store

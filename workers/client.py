@@ -72,6 +72,7 @@ __all__ = [
     "SessionHandle",
     "WindowView",
     "connect",
+    "database_url_for",
     "place_cache_breakpoints",
 ]
 
@@ -408,6 +409,14 @@ class SessionHandle:
         return response
 
 
+def database_url_for(settings: Settings) -> str:
+    """``DATABASE_URL``, else the embedded SQLite file ``<data dir>/sessionfold.db``.
+
+    The same file ``sessionfold up`` runs the pipeline on, wherever the data dir is.
+    """
+    return settings.database_url or f"sqlite:///{settings.data_dir / 'sessionfold.db'}"
+
+
 def connect(settings: Settings | None = None, *, migrate: bool | None = None) -> Client:
     """A :class:`Client` for the deployment the settings (default: the environment) name.
 
@@ -421,7 +430,7 @@ def connect(settings: Settings | None = None, *, migrate: bool | None = None) ->
         from .settings import Settings
 
         settings = Settings()
-    store = SessionStore.from_url(settings.database_url)
+    store = SessionStore.from_url(database_url_for(settings))
     if migrate is None:
         migrate = store.engine.dialect.name == "sqlite"
     if migrate:

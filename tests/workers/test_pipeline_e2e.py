@@ -36,7 +36,7 @@ from pipeline_harness import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore
 from sessionfold.workers.cli import main
-from sessionfold.workers.client import connect
+from sessionfold.workers.client import connect, database_url_for
 from sessionfold.workers.replay import ReplayOptions, format_table, replay
 from sessionfold.workers.settings import Settings
 
@@ -136,7 +136,7 @@ def _operate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         if name.startswith("SESSIONFOLD_"):
             monkeypatch.setenv(name, value)
     monkeypatch.chdir(cwd)
-    store = SessionStore.from_url(None)  # the embedded default, as `up` opened it
+    store = SessionStore.from_url(database_url_for(Settings()))  # the file `up` runs on
     try:
         assert main(["pause", sid]) == 0
         assert store.get_session(sid).paused

@@ -23,13 +23,10 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from sessionfold.core.errors import (
     InvalidInputError,
@@ -39,13 +36,14 @@ from sessionfold.core.errors import (
 from sessionfold.store import SessionStore
 
 from ..celery_app import make_celery, make_enqueue
-from ..client import connect
+from ..client import connect, database_url_for
 from ..keys import FOLD_QUEUE, Keys
 from ..metrics import enable_multiprocess, multiprocess_dir, start_metrics_server
 from ..redis_conn import EmbeddedRedis, redis_client, redis_url_for
 from ..replay import ReplayOptions, format_table, replay
 from ..scheduler import Scheduler, install_signal_handlers
 from ..settings import Settings, redact_url
+from ..stack import FLOWER_TASKS_COLUMNS, Stack, StackOptions
 
 __all__ = ["register"]
 
@@ -133,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _open_store(settings: Settings) -> SessionStore:
     """The store; SQLite (the embedded case) is migrated, PostgreSQL must be (`migrate`)."""
-    store = SessionStore.from_url(settings.database_url)
+    store = SessionStore.from_url(database_url_for(settings))
     if store.engine.dialect.name == "sqlite":
         store.migrate()
     else:
@@ -226,6 +224,8 @@ def _flower(args: argparse.Namespace) -> int:
         else:
             # Flower 2.x answers its HTTP API with 401 unless auth is configured or this is set.
             os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
+        # The task list shows the arguments (the session id) and the result (the outcome).
+        os.environ.setdefault("FLOWER_TASKS_COLUMNS", FLOWER_TASKS_COLUMNS)
         print(f"sessionfold flower: http://{settings.flower_host}:{settings.flower_port}",
               flush=True)
         code = app.start(argv)
@@ -237,95 +237,46 @@ def _flower(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     _check_count("--concurrency", args.concurrency)
     settings = Settings()
-    metrics_dir = settings.data_dir / "metrics" / "up"
-    enable_multiprocess(metrics_dir)  # the children's counts land here; /metrics adds them up
+    options = StackOptions(workers=1, worker_concurrency=args.concurrency,
+                           flower=not args.no_flower, worker_loglevel="INFO")
     stop = threading.Event()
-    children: list[tuple[str, subprocess.Popen[bytes]]] = []
-    with redis_url_for(settings) as url:
-        store = _open_store(settings)
-        db_url = store.engine.url.render_as_string(hide_password=False)
-        env = {**os.environ, "REDIS_URL": url, "DATABASE_URL": db_url,
-               "SESSIONFOLD_METRICS_PORT": "0", "SESSIONFOLD_DATA_DIR": str(settings.data_dir)}
-        client = redis_client(url)
-        server = start_metrics_server(settings.metrics_port, settings.metrics_host) \
-            if settings.metrics_port else None
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    print("sessionfold up: starting Redis, the store, a scheduler, a worker"
+          + ("" if args.no_flower else ", Flower") + " and metrics", flush=True)
+    with Stack(settings, options) as stack:
+        stack.wait_ready()
+        _print_up(stack, settings)
         try:
-            concurrency = args.concurrency or settings.worker_concurrency
-            children.append(("worker", _spawn(["worker", f"--concurrency={concurrency}"], env)))
-            if not args.no_flower:
-                children.append(("flower", _spawn(["flower"], env)))
-            scheduler = Scheduler(settings, store, client,
-                                  make_enqueue(make_celery(settings, redis_url=url)))
-            thread = threading.Thread(target=scheduler.run_forever, args=(stop,),
-                                      name="scheduler", daemon=True)
-            thread.start()
-            _print_up(settings, url, db_url, concurrency, children, server)
-            _wait_for_stop(stop, children)
-        finally:
-            stop.set()
-            _stop_children(children)
-            client.close()
-            store.close()
-            if server is not None:
-                server.close()
+            while not stop.wait(0.5):
+                stack.check()  # a child that died stops everything, with the reason
+        except KeyboardInterrupt:
+            pass  # Ctrl-C: leaving the block stops the children in order
     print("sessionfold up: stopped", flush=True)
     return 0
 
 
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "sessionfold.workers.cli", *argv], env=env)
-
-
-def _print_up(settings: Settings, url: str, db_url: str, concurrency: int,
-              children: list[tuple[str, subprocess.Popen[bytes]]], server: Any) -> None:
-    pids = {name: proc.pid for name, proc in children}
+def _print_up(stack: Stack, given: Settings) -> None:
+    settings = stack.settings
+    pids = stack.children
+    concurrency = stack.options.worker_concurrency or settings.worker_concurrency
+    store = "  (migrated)" if stack.database_url.startswith("sqlite") else ""
     lines = [
         "sessionfold up: the pipeline is running (Ctrl-C stops it)",
-        f"  redis      {redact_url(url)}" + ("" if settings.redis_url else "  (embedded)"),
-        f"  store      {redact_url(db_url)}  (migrated)",
-        f"  scheduler  in this process, reading "
+        f"  redis      {redact_url(stack.redis_url)}"
+        + ("  (embedded)" if stack.embedded_redis else ""),
+        f"  store      {redact_url(stack.database_url)}{store}",
+        f"  scheduler  pid {pids['scheduler']}, reading "
         f"{Keys.from_settings(settings).usage_stream()}",
-        f"  worker     pid {pids['worker']}, {concurrency} processes, queue {FOLD_QUEUE}",
+        f"  worker     pid {pids['worker-1']}, {concurrency} processes, queue {FOLD_QUEUE}",
     ]
-    if "flower" in pids:
+    if stack.flower_url is not None:
         auth = "basic auth" if settings.flower_basic_auth else "no auth: local use only"
-        lines.append(f"  flower     http://{settings.flower_host}:{settings.flower_port}  "
-                     f"(pid {pids['flower']}, {auth})")
-    lines.append(f"  metrics    {server.url}" if server is not None else "  metrics    off")
+        lines.append(f"  flower     {stack.flower_url}  (pid {pids['flower']}, {auth})")
+    lines.append(f"  metrics    {stack.metrics_url}" if stack.metrics_url else "  metrics    off")
+    if given.metrics_port and settings.metrics_port != given.metrics_port:
+        lines.append(f"  (port {given.metrics_port} was taken; metrics moved to "
+                     f"{settings.metrics_port})")
     print("\n".join(lines), flush=True)
-
-
-def _wait_for_stop(stop: threading.Event,
-                   children: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
-    """Until Ctrl-C / SIGTERM, or a child exits on its own (then everything stops)."""
-    def _handler(signum: int, _frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _handler)
-    try:
-        while not stop.wait(0.5):
-            for name, proc in children:
-                if proc.poll() is not None:
-                    print(f"sessionfold up: the {name} exited ({proc.returncode}); stopping",
-                          file=sys.stderr, flush=True)
-                    stop.set()
-    except KeyboardInterrupt:
-        stop.set()
-
-
-def _stop_children(children: list[tuple[str, subprocess.Popen[bytes]]],
-                   timeout_s: float = 20.0) -> None:
-    # SIGTERM: a Celery worker finishes its running jobs (warm shutdown); Flower just exits.
-    for _, proc in children:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for _, proc in children:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # --- replay ----------------------------------------------------------------------------------
