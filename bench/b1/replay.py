@@ -228,11 +228,18 @@ class _Agent:
 
 def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
            time_scale: float, counter: Counter | None = None, stress: bool = True,
-           source: str = "") -> SystemRun:
-    """Replay ``transcripts`` through ``system`` at ``budget`` tokens and record every request."""
+           source: str = "", summarizer: FakeSummarizer | None = None) -> SystemRun:
+    """Replay ``transcripts`` through ``system`` at ``budget`` tokens and record every request.
+
+    ``summarizer`` is given when something outside the system needs it before the replay
+    starts (the pipeline's fake summarizer server); its time scale must be ``time_scale``.
+    """
     counter = counter or Counter()
-    summarizer = FakeSummarizer(counter=counter, time_scale=time_scale,
-                                agent_thread=threading.get_ident())
+    if summarizer is None:
+        summarizer = FakeSummarizer(counter=counter, time_scale=time_scale)
+    elif summarizer.time_scale != time_scale:
+        raise ValueError("the summarizer's time scale differs from the replay's")
+    summarizer.agent_thread = threading.get_ident()
     env = Env(counter=counter, summarizer=summarizer, time_scale=time_scale)
     run = SystemRun(system=system.name, budget=budget, time_scale=time_scale,
                     config=system.describe(budget), source=source)
@@ -256,7 +263,8 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
         for call in summarizer.calls[first_call:]:
             run.summarizer_calls.append({
                 "transcript": transcript.id, "input_tokens": call.input_tokens,
-                "output_tokens": call.output_tokens, "seconds": round(call.seconds, 3),
+                "output_tokens": call.output_tokens, "seconds": call.seconds,
+                "measured_s": round(call.measured_s, 3),
                 "on_agent_thread": call.on_agent_thread,
                 "dollars": round(PRICES.summarizer_dollars(call.input_tokens,
                                                            call.output_tokens), 6)})

@@ -19,8 +19,6 @@ from .replay import SystemRun
 
 __all__ = ["Totals", "charts", "markdown", "totals", "update_section"]
 
-BEGIN = "<!-- B1:generated:begin -->"
-END = "<!-- B1:generated:end -->"
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,10 @@ def _ratio(value: int, base: int | None) -> str:
     return f"{value / base:.2f}×" if base else "–"
 
 
+def _ratio_f(value: float, base: float | None) -> str:
+    return f"{value / base:.2f}×" if base else "–"
+
+
 def markdown(runs: Sequence[SystemRun], *, prices: Prices = PRICES) -> str:
     """The generated tables: per budget, the stress step, and the systems' configurations."""
     lines: list[str] = []
@@ -119,7 +121,7 @@ def markdown(runs: Sequence[SystemRun], *, prices: Prices = PRICES) -> str:
                 f"{'yes' if t.retrievable else 'no'} | "
                 f"{t.cached / t.billed:.1%} | {t.agent_dollars:.2f} | "
                 f"{t.summarizer_dollars:.3f} | {t.dollars:.2f} | "
-                f"{(t.dollars / base_dollars) if base_dollars else 0:.2f}× |")
+                f"{_ratio_f(t.dollars, base_dollars)} |")
         lines.append("")
     stress = [r for r in runs if r.stress is not None]
     if stress:
@@ -161,28 +163,34 @@ def charts(runs: Sequence[SystemRun], transcript_ids: Sequence[str], directory: 
 
     directory.mkdir(parents=True, exist_ok=True)
     budgets = sorted({r.budget for r in runs})
+    names = list(dict.fromkeys(r.system for r in runs))
+    colors = plt.get_cmap("tab10")
     written: list[Path] = []
     for tid in transcript_ids:
-        fig, axes = plt.subplots(1, len(budgets), figsize=(6.5 * len(budgets), 4.2),
-                                 squeeze=False, sharey=False)
+        fig, axes = plt.subplots(1, len(budgets), figsize=(6.5 * len(budgets), 4.6),
+                                 squeeze=False)
         for ax, budget in zip(axes[0], budgets, strict=True):
             for run in runs:
-                if run.budget != budget:
-                    continue
                 match = next((t for t in run.transcripts if t.id == tid), None)
-                if match is None:
+                if run.budget != budget or match is None:
                     continue
                 ys = [r.tokens for r in match.requests]
                 ax.plot(range(1, len(ys) + 1), ys, label=run.system,
-                        linewidth=2.0 if run.system.startswith("sessionfold") else 1.2)
+                        color=colors(names.index(run.system) % 10),
+                        linestyle=":" if run.system.endswith("-inprocess") else "-",
+                        linewidth=2.0 if run.system.startswith("sessionfold") else 1.3)
             ax.axhline(budget, color="black", linestyle="--", linewidth=0.8)
-            ax.set_title(f"{tid} — budget {budget:,}")
+            ax.text(1, budget, f" budget {budget:,}", va="bottom", fontsize=8)
+            ax.set_title(f"{tid}, budget {budget:,}")
             ax.set_xlabel("model call")
             ax.set_ylabel("billed input tokens of the request")
-            ax.set_yscale("log")
+            top = max(budget * 1.6, ax.get_ylim()[1] if ax.lines else budget)
+            ax.set_ylim(0, min(top, budget * 2.2))  # the baseline may leave the frame
             ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8,
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
         path = directory / f"{prefix}-{re.sub(r'[^A-Za-z0-9_.-]', '_', tid)}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -190,14 +198,17 @@ def charts(runs: Sequence[SystemRun], transcript_ids: Sequence[str], directory: 
     return written
 
 
-def update_section(results_md: Path, generated: str, *, title: str) -> None:
-    """Replace the generated part of the B1 section (between the markers), keeping the rest of
-    the file -- other sections and the hand-written reading of the numbers -- as it is."""
-    block = f"{BEGIN}\n{generated.rstrip()}\n{END}"
+def update_section(results_md: Path, generated: str, *, title: str,
+                   part: str = "generated") -> None:
+    """Replace one generated part of the B1 section (between its markers), keeping the rest of
+    the file -- other sections, other parts and the hand-written reading -- as it is. A part
+    not in the file yet is added at its end, under ``title``."""
+    begin, end = f"<!-- B1:{part}:begin -->", f"<!-- B1:{part}:end -->"
+    block = f"{begin}\n{generated.rstrip()}\n{end}"
     text = results_md.read_text(encoding="utf-8") if results_md.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
         text = (text.rstrip() + "\n\n" if text.strip() else "") + f"{title}\n\n{block}\n"

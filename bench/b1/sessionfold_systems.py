@@ -1,19 +1,19 @@
 """sessionfold in B1, in process: ``sessionfold.core.compact.fold_window`` on a ledger + window.
 
-Two systems, one engine, one policy (``FoldPolicy(budget_tokens=budget)``: trigger 0.85, target
-0.6, keep 4 turns, layers mask-tool-results → drop-thinking → summarize, clip-oversized on
-append):
+Two systems (``-inprocess``, beside the pipeline's in :mod:`b1.pipeline_systems`), one engine,
+one policy (``FoldPolicy(budget_tokens=budget)``: trigger 0.85, target 0.6, keep 4 turns,
+layers mask-tool-results → drop-thinking → summarize, clip-oversized on append):
 
-- ``sessionfold-inline``: before each call, if the window is over the trigger, fold it there
-  (the agent waits for the summarizer, like the peers do).
-- ``sessionfold-background``: after each call the usage is "reported"; over the trigger, a fold
-  starts on a real thread of its own from a snapshot of the window, and its edit is committed
-  onto the window as it stands when the fold finishes -- the agent has appended and called in
-  the meantime and never waited. The commit is the store's: the items the fold planned on must
-  still be there (appends only add after them), they are replaced, later items are untouched.
-  Past the budget the agent sends anyway (the client's ``over_budget="send"``); only a request
-  over the model's context window (200 k) would fold inline (forced, to half the budget), as the
-  client's overflow fallback does.
+- ``sessionfold-inline-inprocess``: before each call, if the window is over the trigger, fold
+  it there (the agent waits for the summarizer, like the peers do).
+- ``sessionfold-background-inprocess``: after each call the usage is "reported"; over the
+  trigger, a fold starts on a real thread of its own from a snapshot of the window, and its edit
+  is committed onto the window as it stands when the fold finishes -- the agent has appended
+  and called in the meantime and never waited. The commit is the store's: the items the fold
+  planned on must still be there (appends only add after them), they are replaced, later items
+  are untouched. Past the budget the agent sends anyway (the client's ``over_budget="send"``);
+  only a request over the model's context window (200 k) would fold inline (forced, to half
+  the budget), as the client's overflow fallback does.
 
 This is the *in-process* path: no Redis, Celery or database, so it measures the fold engine and
 the background timing, not the pipeline's own overheads (``bench/RESULTS.md`` says which path
@@ -34,11 +34,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx2
+from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
 from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.layers import clip_oversized
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.summarizers import AnthropicSummarizer
 from sessionfold.core.window import FoldEdit, WindowItem
 
 from .counting import Counter, Request
@@ -46,7 +46,15 @@ from .fakes import FakeSummarizer
 from .replay import Env
 from .transcripts import Transcript
 
-__all__ = ["CONTEXT_WINDOW", "SessionfoldBackground", "SessionfoldInline", "fake_summarizer"]
+__all__ = [
+    "CONTEXT_WINDOW",
+    "SessionfoldBackground",
+    "SessionfoldInline",
+    "describe_policy",
+    "fake_summarizer",
+    "make_policy",
+    "messages_api_reply",
+]
 
 #: The scripted model's context window: a request over it would be rejected (overflow).
 CONTEXT_WINDOW = 200_000
@@ -54,8 +62,8 @@ SUMMARIZER_MODEL = "b1-fake-summarizer"
 _MUST_KEEP = re.compile(r"<<<must-keep-(\w+)>>>\n(.*?)\n<<<end-must-keep-\1>>>", re.S)
 
 
-def _messages_api_reply(fake: FakeSummarizer, request: httpx2.Request) -> httpx2.Response:
-    body = json.loads(request.content)
+def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The Messages API answer of the fake summarizer to a ``messages.create`` body."""
     prompt = "\n\n".join([str(body.get("system", "")),
                           *(str(m["content"]) for m in body["messages"])])
     keep = [line[2:] for match in _MUST_KEEP.finditer(prompt)
@@ -63,17 +71,17 @@ def _messages_api_reply(fake: FakeSummarizer, request: httpx2.Request) -> httpx2
     text = fake.summarize(prompt)
     if keep:
         text += "\nIdentifiers kept: " + ", ".join(keep)
-    return httpx2.Response(200, json={
-        "id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
-        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": fake.counter.text(prompt, cache=False),
-                  "output_tokens": fake.counter.text(text, cache=False)}})
+    return {"id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": fake.counter.text(prompt, cache=False),
+                      "output_tokens": fake.counter.text(text, cache=False)}}
 
 
 def fake_summarizer(fake: FakeSummarizer) -> AnthropicSummarizer:
     """sessionfold's own summarizer, answered by the shared fake through a mock transport."""
-    transport = httpx2.MockTransport(lambda request: _messages_api_reply(fake, request))
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(
+        200, json=messages_api_reply(fake, json.loads(request.content))))
     return AnthropicSummarizer(api_key="b1-fake", base_url="http://b1.invalid",
                                http_client=httpx2.Client(transport=transport),
                                model=SUMMARIZER_MODEL)
@@ -92,10 +100,10 @@ def _commit(items: list[WindowItem], edit: FoldEdit) -> list[WindowItem]:
 class _Session:
     """A ledger and its window, with the fold engine; ``background`` picks when folds run."""
 
-    def __init__(self, transcript: Transcript, budget: int, env: Env, *,
+    def __init__(self, transcript: Transcript, policy: FoldPolicy, env: Env, *,
                  background: bool) -> None:
         self.system = transcript.system
-        self.policy = FoldPolicy(budget_tokens=budget)
+        self.policy = policy
         self.summarizer = fake_summarizer(env.summarizer)
         self.counter: Counter = env.counter
         self.background = background
@@ -180,28 +188,43 @@ class _Session:
             raise RuntimeError("a background fold failed") from self.error
 
 
+def make_policy(budget: int, overrides: Mapping[str, Any]) -> FoldPolicy:
+    """The policy every sessionfold system runs with: the defaults, or ``--policy`` overrides."""
+    return FoldPolicy(budget_tokens=budget, **dict(overrides))
+
+
+def describe_policy(policy: FoldPolicy, overrides: Mapping[str, Any]) -> str:
+    named = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    return (f"FoldPolicy(budget_tokens={policy.budget_tokens}{', ' + named if named else ''}) "
+            f"[trigger {policy.trigger_tokens}, target {policy.target_tokens}, keep "
+            f"{policy.keep_recent_turns} turns, clip over {policy.max_item_tokens}]")
+
+
 class SessionfoldInline:
-    name = "sessionfold-inline"
+    name = "sessionfold-inline-inprocess"
+
+    def __init__(self, overrides: Mapping[str, Any] | None = None) -> None:
+        self.overrides = dict(overrides or {})
 
     def describe(self, budget: int) -> str:
-        p = FoldPolicy(budget_tokens=budget)
-        return (f"in-process fold_window before the call, FoldPolicy(budget_tokens={budget}) "
-                f"[trigger {p.trigger_tokens}, target {p.target_tokens}, keep "
-                f"{p.keep_recent_turns} turns, clip over {p.max_item_tokens}]")
+        policy = make_policy(budget, self.overrides)
+        return ("in-process fold_window before the call when over the trigger, "
+                + describe_policy(policy, self.overrides))
 
     def session(self, transcript: Transcript, budget: int, env: Env) -> _Session:
-        return _Session(transcript, budget, env, background=False)
+        return _Session(transcript, make_policy(budget, self.overrides), env, background=False)
 
 
 class SessionfoldBackground:
-    name = "sessionfold-background"
+    name = "sessionfold-background-inprocess"
+
+    def __init__(self, overrides: Mapping[str, Any] | None = None) -> None:
+        self.overrides = dict(overrides or {})
 
     def describe(self, budget: int) -> str:
-        p = FoldPolicy(budget_tokens=budget)
-        return (f"in-process fold_window on a background thread after an over-trigger usage "
-                f"report, FoldPolicy(budget_tokens={budget}) [trigger {p.trigger_tokens}, "
-                f"target {p.target_tokens}, keep {p.keep_recent_turns} turns, clip over "
-                f"{p.max_item_tokens}]")
+        policy = make_policy(budget, self.overrides)
+        return ("in-process fold_window on a background thread after an over-trigger usage "
+                "report, " + describe_policy(policy, self.overrides))
 
     def session(self, transcript: Transcript, budget: int, env: Env) -> _Session:
-        return _Session(transcript, budget, env, background=True)
+        return _Session(transcript, make_policy(budget, self.overrides), env, background=True)

@@ -1,0 +1,257 @@
+"""sessionfold in B1 through the real client and pipeline (``sessionfold.workers``).
+
+- ``sessionfold-background`` (pipeline): ``sessionfold up --no-flower`` runs in a temporary data
+  dir (embedded Redis, a SQLite store, the scheduler and a Celery worker); the agent is a
+  :class:`~sessionfold.workers.client.SessionHandle` with ``over_budget="send"``. Before each
+  call it reads the window from the store, after it reports the usage on the bus; folds are the
+  scheduler's and the workers' business, and land whenever they land. The workers' summarizer
+  is sessionfold's ``AnthropicSummarizer`` pointed (``ANTHROPIC_BASE_URL``) at a local HTTP
+  server answering with the shared fake summarizer, so its calls run on the server's threads.
+- ``sessionfold-inline`` (client, inline-only): no scheduler or workers; the handle's
+  ``over_budget="fold"`` rule -- past the budget, ``fold_inline`` before the call -- with the
+  client's own summarizer (the same fake, in process), so its calls run on the agent's thread.
+
+The handle's steps are taken one by one with its public methods (``info``/``fold_inline`` as
+``over_budget="fold"`` does, ``window``, then ``report_usage`` with the view's seq and revision),
+because the harness itself makes the model call; a request over the model's context window
+(200 k) folds inline to half the budget first, as ``SessionHandle.call`` does after a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+from sessionfold.workers.celery_app import make_celery
+from sessionfold.workers.client import Client, SessionHandle, WindowView, connect
+from sessionfold.workers.replay import wait_settled
+from sessionfold.workers.settings import Settings
+
+from .counting import Counter, Request
+from .fakes import FakeSummarizer
+from .replay import Env
+from .sessionfold_systems import (
+    CONTEXT_WINDOW,
+    describe_policy,
+    fake_summarizer,
+    make_policy,
+    messages_api_reply,
+)
+from .transcripts import Transcript
+
+__all__ = ["Pipeline", "PipelineBackground", "PipelineInline"]
+
+READY_TIMEOUT_S = 90.0
+SETTLE_TIMEOUT_S = 180.0
+
+
+class _FakeMessagesAPI:
+    """``POST /v1/messages`` answered by the shared fake summarizer, on a local port."""
+
+    def __init__(self, fake: FakeSummarizer) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                payload = json.dumps(messages_api_reply(fake, body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="b1-fake-api",
+                                       daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Pipeline:
+    """A private sessionfold deployment for one benchmark run (``workers=False``: client only)."""
+
+    def __init__(self, fake: FakeSummarizer, *, workers: bool, log: Path | None = None) -> None:
+        self.fake = fake
+        self.workers = workers
+        self.dir = Path(tempfile.mkdtemp(prefix="b1-pipeline-"))
+        self.log_path = log or self.dir / "pipeline.log"
+        self.api = _FakeMessagesAPI(fake)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client: Client | None = None
+        self._connected: Client | None = None
+
+    def settings(self) -> Settings:
+        return Settings(data_dir=self.dir / "data",
+                        database_url=f"sqlite:///{self.dir / 'store.db'}",
+                        anthropic_api_key="b1-fake", anthropic_base_url=self.api.base_url,
+                        summarizer="anthropic", metrics_port=0)
+
+    def start(self) -> Client:
+        self.api.start()
+        settings = self.settings()
+        if self.workers:
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("SESSIONFOLD_") and k not in ("REDIS_URL",
+                                                                      "DATABASE_URL")}
+            env.update({"SESSIONFOLD_DATA_DIR": str(settings.data_dir),
+                        "DATABASE_URL": str(settings.database_url),
+                        "ANTHROPIC_API_KEY": "b1-fake", "ANTHROPIC_BASE_URL": self.api.base_url,
+                        "SESSIONFOLD_SUMMARIZER": "anthropic", "SESSIONFOLD_METRICS_PORT": "0"})
+            with self.log_path.open("wb") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "sessionfold.workers.cli", "up", "--no-flower"],
+                    env=env, stdout=log, stderr=subprocess.STDOUT)
+            self._wait_until_up(settings)
+        # The client's inline folds use the same fake summarizer in process: on the agent's path.
+        # ``connect`` owns the store, the publisher and any embedded Redis it started (closed in
+        # stop()); the handles use a Client sharing them with that summarizer.
+        self._connected = connect(settings)
+        self.client = Client(settings, self._connected.store, self._connected.publisher,
+                             redis_url=self._connected.redis_url,
+                             summarizer=fake_summarizer(self.fake))
+        return self.client
+
+    def _wait_until_up(self, settings: Settings) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        url_file = settings.data_dir / "redis"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"`sessionfold up` exited; see {self.log_path}")
+            url = _embedded_url(url_file)
+            if url is not None:
+                app = make_celery(settings, redis_url=url)
+                try:
+                    if app.control.ping(timeout=1.0):
+                        return
+                except Exception:  # not up yet
+                    pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the pipeline did not come up in {READY_TIMEOUT_S:.0f} s; see "
+                           f"{self.log_path}")
+
+    def stop(self) -> None:
+        if self._connected is not None:
+            self._connected.close()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.api.stop()
+
+
+def _embedded_url(redis_dir: Path) -> str | None:
+    """The URL ``sessionfold up`` wrote for its embedded Redis server, once it is there."""
+    for candidate in sorted(redis_dir.glob("*url*")) if redis_dir.is_dir() else []:
+        text = candidate.read_text(encoding="utf-8").strip()
+        if text.startswith(("unix://", "redis://")):
+            return text
+    return None
+
+
+class _Session:
+    def __init__(self, handle: SessionHandle, client: Client, counter: Counter,
+                 mode: Literal["send", "fold"]) -> None:
+        self.handle = handle
+        self.client = client
+        self.counter = counter
+        self.mode = mode
+        self.view: WindowView | None = None
+        self.seq = 0
+
+    def append(self, message: Mapping[str, Any]) -> None:
+        self.handle.append([dict(message)], key=f"m{self.seq}")
+        self.seq += 1
+
+    def request(self) -> Request:
+        if self.mode == "fold":  # what over_budget="fold" does before the call
+            info = self.handle.info()
+            if info.current_tokens > info.policy.budget_tokens:
+                self.handle.fold_inline(trigger="overflow", measured_tokens=info.current_tokens)
+        view = self.handle.window()
+        request = Request(view.system, view.messages)
+        if self.counter.request(request) > CONTEXT_WINDOW:  # the provider's 400: fold, retry
+            budget = self.handle.info().policy.budget_tokens
+            self.handle.fold_inline(trigger="overflow", target_tokens=budget // 2)
+            view = self.handle.window()
+            request = Request(view.system, view.messages)
+        self.view = view
+        return request
+
+    def reported(self, request: Request, tokens: int) -> None:
+        assert self.view is not None
+        self.handle.report_usage({"input_tokens": tokens, "output_tokens": 1},
+                                 seq=self.view.last_seq, revision=self.view.revision,
+                                 model="b1-scripted")
+
+    def finish(self) -> None:
+        if self.mode == "send" and not wait_settled(self.client, [self.handle.session_id],
+                                                    timeout_s=SETTLE_TIMEOUT_S):
+            raise RuntimeError(f"folds of {self.handle.session_id} still pending after "
+                               f"{SETTLE_TIMEOUT_S:.0f} s")
+
+    def retained(self) -> list[dict[str, Any]]:
+        # A discarded original (retain="discard") has no message left: it is not retrievable.
+        return [e.message.to_json() for e in self.handle.ledger() if e.message is not None]
+
+
+class _PipelineSystem:
+    name = ""
+    mode: Literal["send", "fold"] = "send"
+
+    def __init__(self, pipeline: Pipeline, overrides: Mapping[str, Any] | None = None) -> None:
+        self.pipeline = pipeline
+        self.overrides = dict(overrides or {})
+        self.run_id = uuid.uuid4().hex[:8]
+
+    def session(self, transcript: Transcript, budget: int, env: Env) -> _Session:
+        client = self.pipeline.client
+        if client is None:
+            raise RuntimeError("start the pipeline before replaying through it")
+        handle = client.session(f"b1-{self.run_id}-{budget}-{transcript.id}",
+                                policy=make_policy(budget, self.overrides),
+                                system=transcript.system, over_budget=self.mode)
+        return _Session(handle, client, env.counter, self.mode)
+
+
+class PipelineBackground(_PipelineSystem):
+    name = "sessionfold-background"
+    mode: Literal["send", "fold"] = "send"
+
+    def describe(self, budget: int) -> str:
+        return ("client (over_budget='send') + `sessionfold up` (scheduler + Celery worker, "
+                "embedded Redis, SQLite store), "
+                + describe_policy(make_policy(budget, self.overrides), self.overrides))
+
+
+class PipelineInline(_PipelineSystem):
+    name = "sessionfold-inline"
+    mode: Literal["send", "fold"] = "fold"
+
+    def describe(self, budget: int) -> str:
+        return ("client inline-only (over_budget='fold': past the budget, fold_inline before "
+                "the call; no scheduler or workers), "
+                + describe_policy(make_policy(budget, self.overrides), self.overrides))
