@@ -52,7 +52,7 @@ class Keys:
         return self.prefix + self.stream
 
     def measured(self, session_id: str) -> str:
-        """Hash of the newest usage accepted for a session (revision, seq, tokens, time…)."""
+        """Hash of the newest usage accepted for a session (born, revision, seq, tokens)."""
         return f"{self.prefix}measured:{_id(session_id)}"
 
     # --- fold jobs -------------------------------------------------------------------------

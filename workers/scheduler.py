@@ -67,9 +67,9 @@ log = logging.getLogger(__name__)
 NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 
 # Compare-and-set of the measured size of every session of a batch, in one call. KEYS: the
-# sessions' hashes. ARGV, five per key: the session's creation time ("born"), revision, seq,
-# prompt tokens, payload (the stream entry's JSON); the ttl in ms last. Returns one character
-# per key:
+# sessions' hashes. ARGV: one "born revision seq tokens" string per key (born: the session's
+# creation time; tokens: the prompt size), then the ttl in ms. One string per key because the
+# client's cost is per argument. Returns one character per key:
 #   "1"  stored: the event is not older (by revision, then seq) than what the hash holds, or the
 #        hash belongs to an earlier session of the same id (deleted and created again: its
 #        revisions start over). An equal position counts on purpose: an entry redelivered
@@ -78,13 +78,13 @@ NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 #   "2"  judged with a creation time older than the hash's: the caller's copy of the session
 #        is stale (re-read it); ignored.
 # In Lua so each compare and its write are one step however many schedulers race; one call per
-# batch because the client's cost is per command and argument, not per key.
+# batch because the client's cost is per command, not per key.
 _MEASURED_CAS = """
 local ttl = ARGV[#ARGV]
 local out = {}
 for i, key in ipairs(KEYS) do
-  local a = (i - 1) * 5
-  local born, rev, seq = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local sborn, srev, sseq, stok = string.match(ARGV[i], '^(%S+) (%d+) (%d+) (%d+)$')
+  local born, rev, seq = tonumber(sborn), tonumber(srev), tonumber(sseq)
   local cur = redis.call('HMGET', key, 'born', 'revision', 'seq')
   local verdict = '1'
   if cur[1] then
@@ -96,8 +96,7 @@ for i, key in ipairs(KEYS) do
     end
   end
   if verdict == '1' then
-    redis.call('HSET', key, 'born', ARGV[a + 1], 'revision', ARGV[a + 2], 'seq', ARGV[a + 3],
-               'tokens', ARGV[a + 4], 'usage', ARGV[a + 5])
+    redis.call('HSET', key, 'born', sborn, 'revision', srev, 'seq', sseq, 'tokens', stok)
     redis.call('PEXPIRE', key, ttl)
   end
   out[i] = verdict
@@ -321,12 +320,12 @@ class Scheduler:
         if not known:
             return []
         keys: list[str] = []
-        args: list[bytes | str | int] = []
+        args: list[str | int] = []
         for entry, info in known:
             ev = entry.event
             keys.append(self.keys.measured(ev.session_id))
-            args += [repr(info.created_at.timestamp()), ev.revision, ev.seq, ev.prompt_tokens,
-                     entry.payload or ev.to_payload()]
+            args.append(f"{info.created_at.timestamp()!r} {ev.revision} {ev.seq} "
+                        f"{ev.prompt_tokens}")
         args.append(self._measured_ttl_ms)
         with mapped_errors("recording measured sizes"):
             verdicts = bytes(self._cas(keys=keys, args=args))

@@ -306,8 +306,6 @@ class StreamEntry:
 
     entry_id: bytes
     event: UsageEvent
-    #: The entry's payload as read (the scheduler stores it without encoding it again).
-    payload: bytes = b""
 
 
 def _default_consumer_name() -> str:
@@ -462,9 +460,8 @@ class UsageConsumer:
         for entry_id, fields in raw:
             if entry_id is None or fields is None:
                 continue  # deleted from the stream (trimmed) while pending: nothing to act on
-            payload = fields.get(FIELD, b"")
             try:
-                entries.append(StreamEntry(entry_id, UsageEvent.from_fields(fields), payload))
+                entries.append(StreamEntry(entry_id, UsageEvent.from_fields(fields)))
             except InvalidInputError as exc:
                 log.warning("skipping malformed usage entry %s: %s", entry_id.decode(), exc)
                 bad.append(entry_id)
