@@ -30,6 +30,7 @@ Results go to stdout and ``bench/out/pipeline.md`` (``--out``), and as JSON with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,7 +43,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ class Rig:
     workdir: Path
 
 
-@contextmanager
+@contextlib.contextmanager
 def process(argv: list[str], settings: Settings, log: Path, ready: str,
             **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """A ``sessionfold`` subcommand in its own process group, until the block ends."""
@@ -98,9 +98,9 @@ def process(argv: list[str], settings: Settings, log: Path, ready: str,
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            with suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
-        with suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
@@ -178,11 +178,15 @@ def lag(rig: Rig, args: argparse.Namespace, messages: list[Message],
         settings = rig.settings.model_copy(update={
             "summarizer": "anthropic", "anthropic_api_key": SecretStr("sk-bench"),
             "anthropic_base_url": server.base_url,
-            "summarizer_max_concurrency": args.concurrency})
-        with process(["scheduler"], settings, rig.workdir / "scheduler.log",
-                     "sessionfold scheduler: reading"), \
-                process(["worker", "--pool=threads", f"--concurrency={args.concurrency}"],
-                        settings, rig.workdir / "lag-worker.log", "ready."):
+            "summarizer_max_concurrency": args.concurrency * args.workers})
+        with contextlib.ExitStack() as running:
+            running.enter_context(process(["scheduler"], settings, rig.workdir / "scheduler.log",
+                                          "sessionfold scheduler: reading"))
+            for n in range(args.workers):
+                running.enter_context(process(
+                    ["worker", "--pool=threads", f"--concurrency={args.concurrency}",
+                     f"--hostname=bench-{n}@%h"], settings,
+                    rig.workdir / f"lag-worker-{n}.log", "ready."))
             publisher = UsagePublisher.from_settings(settings, str(settings.redis_url))
             start = time.time()
             schedule = sorted((start + phase[sid] + k * args.period, k, sid)
@@ -207,7 +211,7 @@ def lag(rig: Rig, args: argparse.Namespace, messages: list[Message],
     q = statistics.quantiles(lags, n=100, method="inclusive") if len(lags) >= 2 else lags * 99
     return {"sessions": len(ids), "folded": len(done), "period s": args.period,
             "reports": args.reports, "summarizer s": args.summarizer_latency,
-            "concurrency": args.concurrency, "pool": "threads",
+            "concurrency": args.concurrency, "workers": args.workers, "pool": "threads",
             "lag p50": statistics.median(lags) if lags else None,
             "lag p90": q[89] if lags else None, "lag p99": q[98] if lags else None,
             "lag max": lags[-1] if lags else None,
@@ -307,8 +311,8 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"Lag from the first over-trigger usage event to the committed fold: "
         f"{lg['sessions']:,} active sessions each reporting every {lg['period s']:g} s, "
-        f"summarizer latency {lg['summarizer s']:g} s (scripted provider over HTTP), one worker "
-        f"with {lg['concurrency']} {lg['pool']}:",
+        f"summarizer latency {lg['summarizer s']:g} s (scripted provider over HTTP), "
+        f"{lg['workers']} worker process(es) with {lg['concurrency']} {lg['pool']} each:",
         "",
         "| sessions | folded | p50 | p90 | p99 | max | summarizer calls |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -335,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="reports per session (each crosses its trigger at a random one)")
     parser.add_argument("--summarizer-latency", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=32,
-                        help="worker threads for the lag run")
+                        help="threads per worker process in the lag run")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes in the lag run (threads share one core each)")
     parser.add_argument("--throughput-sessions", type=int, default=200)
     parser.add_argument("--throughput-concurrency", type=int, default=1)
     parser.add_argument("--redis-url", default=None)

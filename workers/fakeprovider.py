@@ -24,9 +24,10 @@ What makes it useful rather than a stub:
   Fault.overloaded(), Fault.overloaded())`` makes the next three requests answer 529, then
   normal service resumes; ``Fault.rate_limited(retry_after=2)``, ``Fault.bad_request()``
   (permanent) and ``provider.fail_always(Fault.bad_request())`` too.
-- **Summaries that keep what they are asked to keep**: a request from sessionfold's
-  ``AnthropicSummarizer`` is answered with a short summary naming every identifier listed in its
-  must-keep section (see :func:`echo_reply`), so folds pass the retention check.
+- **Summaries that keep identifiers**: a request from sessionfold's ``AnthropicSummarizer`` is
+  answered with a short summary naming the identifiers it lists as must-keep and the
+  transcript's most frequent ones (see :func:`echo_reply`), so folds pass the retention check
+  as they would with a good model.
 - **Calls held in flight**: ``provider.hold()`` makes requests wait (already counted) until
   ``provider.release()``; ``provider.wait_for_calls(n)`` blocks until ``n`` have arrived — a
   test can act while a worker's summarizer call is in flight. ``latency_s`` slows every call.
@@ -59,6 +60,7 @@ from typing import Any
 import anthropic
 import httpx2
 from anthropic.types import Message as AnthropicMessage
+from sessionfold.core.retention import find_identifiers
 
 __all__ = [
     "FakeProvider",
@@ -130,19 +132,22 @@ _MUST_KEEP = re.compile(r"<<<must-keep-(?P<nonce>[^>\s]+)>>>\n(?P<body>.*?)\n"
 def echo_reply(request: Mapping[str, Any]) -> str:
     """The default reply: short and deterministic, as a cheap model's would be.
 
-    A summarizer request (one that lists identifiers to keep) is answered with a summary that
-    names every one of them, so the retention check passes as it would with a good model; any
-    other request with a sentence naming the request it answers.
+    A summarizer request (one carrying a transcript between sessionfold's markers) is answered
+    with a summary that keeps identifiers verbatim, as the instruction asks and a good model
+    does: those the request lists as must-keep, then the transcript's most frequent ones. Any
+    other request gets a sentence naming the request it answers.
     """
     messages = request.get("messages") or []
     last = messages[-1] if messages else {}
     text = _content_text(last.get("content", "")) if isinstance(last, Mapping) else ""
-    keep = [line.removeprefix("- ").strip() for match in _MUST_KEEP.finditer(text)
-            for line in match["body"].splitlines() if line.strip()]
     if "<<<transcript-" in text:
+        keep = [line.removeprefix("- ").strip() for match in _MUST_KEEP.finditer(text)
+                for line in match["body"].splitlines() if line.strip()]
+        frequent = [ident for ident, _ in Counter(find_identifiers(text)).most_common(60)]
+        identifiers = list(dict.fromkeys([*keep, *frequent]))
         summary = (f"The agent worked through {text.count('[')} transcript entries "
                    f"({len(text)} characters) on its task.")
-        return summary + (" Identifiers: " + "; ".join(keep) + "." if keep else "")
+        return summary + (" Identifiers: " + "; ".join(identifiers) + "." if identifiers else "")
     head = " ".join(text.split())[:160]
     return f"Noted ({len(messages)} messages). Latest: {head}" if head else "Noted."
 

@@ -177,7 +177,8 @@ def run_fold(store: SessionStore, summarizer: Summarizer | None, job: FoldJob) -
 
     Raises what the store raises (SessionNotFoundError, StoreError...) and nothing of the
     summarizer's: a summarizer failure is a refusal in the record, and a transient one is also
-    returned in :attr:`FoldReport.retry_error`.
+    returned in :attr:`FoldReport.retry_error`. A store error after the claim leaves the claim
+    to its lease: the session waits no longer than ``job.lease_s`` for the next visit.
     """
     report = _visit(store, summarizer, job)
     if report.outcome != "stale" or not job.replan:

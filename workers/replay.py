@@ -168,25 +168,22 @@ def _drive(handle: SessionHandle, conv: Conversation, provider: FakeProvider) ->
         handle.append([message], key=f"replay-{index}")
 
 
-def pending_folds(client: Client, session_ids: Sequence[str]) -> list[str]:
-    """Sessions with a fold still to come: locked (queued or running), or over their trigger
-    without a verdict (the scheduler has yet to act on them), or with usage events unread."""
+def pending_folds(client: Client, session_ids: Sequence[str],
+                  redis: Any | None = None) -> list[str]:
+    """Sessions with a fold still to come: usage events the schedulers have not acted on, a
+    fold lock held (a job queued or running), or over the trigger without a verdict yet.
+
+    ``redis``: a client on the usage bus's Redis (None: only the store is asked).
+    """
     settings = client.settings
     pending: list[str] = []
-    if client.redis_url:
-        redis = redis_client(client.redis_url, retries=1)
-        try:
-            lock = FoldLock.from_settings(settings, redis)
-            if not _bus_drained(redis, Keys.from_settings(settings), settings.scheduler_group):
-                return list(session_ids)
-            pending += [sid for sid in session_ids if lock.holder(sid) is not None]
-        finally:
-            redis.close()
+    if redis is not None:
+        if not _bus_drained(redis, Keys.from_settings(settings), settings.scheduler_group):
+            return list(session_ids)
+        lock = FoldLock.from_settings(settings, redis)
+        pending += [sid for sid in session_ids if lock.holder(sid) is not None]
     for sid in session_ids:
-        if sid in pending:
-            continue
-        info = client.store.get_session(sid)
-        if skip_reason(info) is None:
+        if sid not in pending and skip_reason(client.store.get_session(sid)) is None:
             pending.append(sid)
     return pending
 
@@ -194,22 +191,29 @@ def pending_folds(client: Client, session_ids: Sequence[str]) -> list[str]:
 def wait_settled(client: Client, session_ids: Sequence[str], *, timeout_s: float,
                  progress: Progress | None = None, poll_s: float = 0.25) -> bool:
     """Wait until :func:`pending_folds` is empty; False when ``timeout_s`` passed first."""
+    if client.publisher is not None:
+        client.publisher.flush()  # usage buffered during an outage counts as pending too
+    redis = redis_client(client.redis_url, retries=1) if client.redis_url else None
     deadline = time.monotonic() + timeout_s
-    last_said = 0.0
-    while True:
-        pending = pending_folds(client, session_ids)
-        if not pending:
-            return True
-        now = time.monotonic()
-        if now >= deadline:
-            if progress:
-                progress(f"gave up waiting: folds still pending for {', '.join(pending)} "
-                         "(is a scheduler and a worker running? `sessionfold up` runs both)")
-            return False
-        if progress and now - last_said >= 5:
-            progress(f"waiting for folds of {len(pending)} sessions")
-            last_said = now
-        time.sleep(poll_s)
+    last_said = time.monotonic()
+    try:
+        while True:
+            pending = pending_folds(client, session_ids, redis)
+            if not pending:
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                if progress:
+                    progress(f"gave up waiting: folds still pending for {', '.join(pending)} "
+                             "(is a scheduler and a worker running? `sessionfold up` runs both)")
+                return False
+            if progress and now - last_said >= 5:
+                progress(f"waiting for folds of {len(pending)} sessions")
+                last_said = now
+            time.sleep(poll_s)
+    finally:
+        if redis is not None:
+            redis.close()
 
 
 def _bus_drained(redis: Any, keys: Keys, group: str) -> bool:

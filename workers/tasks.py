@@ -19,7 +19,9 @@
    (an ETA message held past it is delivered twice). A permanent one is a recorded refusal
    (``summarizer-failed``), not retried. A lost compare-and-set ends the job as ``stale``.
 4. Release the scheduler's per-session lock (compare-and-delete on the token the job carries);
-   a retrying job keeps it, extended.
+   a retrying job keeps it, extended. A job that fails with an error keeps it until it expires
+   (``lock_ttl_s``): a backoff before the scheduler tries that session again, so a store outage
+   does not turn every usage event into a failing job.
 
 The task returns :meth:`FoldReport.to_json` (session, outcome, tokens, spans…): Flower shows it
 in the task list beside the arguments, so every fold is visible with its session and outcome.
@@ -101,27 +103,8 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
             visit.done(report.record, cost_usd=summarizer_cost_usd(report.summarizer_usage))
     if report.outcome == "dead-lettered":
         meter.record_dead_letter("max-attempts")
-    err = report.retry_error
-    if err is not None:
-        if request.retries < settings.max_attempts:
-            _keep_lock(lock, session_id, lock_token, settings.retry_backoff_cap_s
-                       + settings.task_time_limit_s)
-            countdown = retry_countdown(request.retries, base_s=settings.retry_backoff_base_s,
-                                        cap_s=settings.retry_backoff_cap_s,
-                                        retry_after=err.retry_after)
-            meter.record_retry(str(err.status_code) if err.status_code else "unavailable")
-            _forget_deliveries(runtime, attempts_key)
-            log.info("fold of %s: summarizer unavailable (%s); retry %d in %.1fs", session_id,
-                     err, request.retries + 1, countdown)
-            raise task.retry(args=[session_id],
-                             kwargs={"enqueued_epoch": report.epoch, "trigger": trigger,
-                                     "lock_token": lock_token},
-                             countdown=countdown, exc=err)
-        runtime.store.dead_letter(
-            job.job_id, session_id,
-            f"summarizer still failing after {request.retries} retries: {err}",
-            request.retries + 1, _payload(job, lock_token))
-        meter.record_dead_letter("retries-exhausted")
+    if report.retry_error is not None:
+        _retry_or_give_up(task, runtime, job, report, lock, lock_token, attempts_key)
     fault_point("after-commit")
     _release_lock(lock, session_id, lock_token)
     _forget_deliveries(runtime, attempts_key)
@@ -129,6 +112,36 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
     result["deliveries"] = deliveries
     log.info("fold of %s: %s (%s)", session_id, report.outcome, report.detail or report.claim)
     return result
+
+
+def _retry_or_give_up(task: Any, runtime: WorkerRuntime, job: FoldJob, report: FoldReport,
+                      lock: FoldLock, lock_token: str | None, attempts_key: str) -> None:
+    """Retry a transient summarizer failure later (raises Celery's Retry), or, past
+    ``max_attempts`` retries, dead-letter the job and return."""
+    settings = runtime.settings
+    retries = task.request.retries
+    err = report.retry_error
+    assert err is not None
+    if retries >= settings.max_attempts:
+        runtime.store.dead_letter(job.job_id, job.session_id,
+                                  f"summarizer still failing after {retries} retries: {err}",
+                                  retries + 1, _payload(job, lock_token))
+        metrics().record_dead_letter("retries-exhausted")
+        return
+    # The lock stays with the job through its countdown, so no twin is enqueued meanwhile.
+    _keep_lock(lock, job.session_id, lock_token,
+               settings.retry_backoff_cap_s + settings.task_time_limit_s)
+    countdown = retry_countdown(retries, base_s=settings.retry_backoff_base_s,
+                                cap_s=settings.retry_backoff_cap_s, retry_after=err.retry_after)
+    metrics().record_retry(str(err.status_code) if err.status_code else "unavailable")
+    _forget_deliveries(runtime, attempts_key)  # the retry is a new attempt, with its own count
+    log.info("fold of %s: summarizer unavailable (%s); retry %d in %.1fs", job.session_id,
+             err, retries + 1, countdown)
+    # The retry claims with the epoch this attempt claimed: it stops if anyone claimed since.
+    raise task.retry(args=[job.session_id],
+                     kwargs={"enqueued_epoch": report.epoch, "trigger": job.trigger,
+                             "lock_token": lock_token},
+                     countdown=countdown, exc=err)
 
 
 def _fold(runtime: WorkerRuntime, job: FoldJob) -> FoldReport:

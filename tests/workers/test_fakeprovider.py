@@ -12,7 +12,7 @@ import httpx2
 import pytest
 from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
 from sessionfold.core.messages import load_conversation_file
-from sessionfold.core.retention import extract_identifiers
+from sessionfold.core.retention import check_retention, extract_identifiers
 from sessionfold.core.tokens import default_counter
 from sessionfold.workers.fakeprovider import FakeProvider, Fault
 
@@ -124,17 +124,19 @@ def test_bad_json_and_unknown_routes_are_errors_not_crashes() -> None:
     assert answer.status_code == 400 and json.loads(answer.content)["type"] == "error"
 
 
-def test_summarizer_requests_get_summaries_that_keep_the_must_keep_identifiers() -> None:
+def test_summarizer_requests_get_summaries_that_keep_identifiers() -> None:
     conv = load_conversation_file(TRANSCRIPTS / "django__django-15554.json")
     span = conv.messages[1:40]
     keep = extract_identifiers(span)
-    assert keep  # the span names files the summary must keep
-    provider = FakeProvider()
-    summary = AnthropicSummarizer(client=provider.anthropic_client()).summarize(
-        span, must_keep=keep)
-    assert all(identifier in summary.text for identifier in keep)
-    assert len(summary.text) < sum(len(m.text()) for m in span)
-    assert summary.usage.calls == 1 and summary.usage.input_tokens > 0
+    assert keep  # the span names files a summary must keep
+    summarizer = AnthropicSummarizer(client=FakeProvider().anthropic_client())
+    asked = summarizer.summarize(span, must_keep=["ACCT-8842", *keep])
+    assert all(identifier in asked.text for identifier in ["ACCT-8842", *keep])
+    # Unasked, it keeps the transcript's identifiers verbatim, as the instruction says.
+    unasked = summarizer.summarize(span)
+    assert check_retention(unasked.text, keep, 0.8).ok and "ACCT-8842" not in unasked.text
+    assert len(unasked.text) < sum(len(m.text()) for m in span)
+    assert unasked.usage.calls == 1 and unasked.usage.input_tokens > 0
 
 
 def test_held_calls_wait_in_flight_until_released() -> None:
