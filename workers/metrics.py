@@ -17,7 +17,9 @@ Metrics (all prefixed ``sessionfold_``): ``folds_total{outcome,trigger}``,
 ``summarizer_cost_usd_total{model}``, ``fold_duration_seconds{outcome}``,
 ``scheduler_lag_seconds`` (usage event time → job enqueued), ``usage_events_total{result}``,
 ``fold_jobs_enqueued_total{source}``, ``fold_retries_total{reason}``,
-``dead_letters_total{reason}``. Label values are small closed sets (outcomes, refusal reasons,
+``dead_letters_total{reason}``, ``sessions_over_budget`` (gauge, set by the scheduler's sweep:
+sessions past their whole budget, not just the trigger — a session stuck there means folds are
+not landing). Label values are small closed sets (outcomes, refusal reasons,
 sources, status codes); never put a session id or an error message in a label.
 
 **Celery prefork.** Each pool child is its own process with its own counters. Call
@@ -41,6 +43,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -103,6 +106,11 @@ class Metrics:
                                ["reason"], registry=reg)
         self.dead_letters = Counter("sessionfold_dead_letters",
                                     "Fold jobs given up on, by reason", ["reason"], registry=reg)
+        # "max" under multiprocess mode: only the scheduler sets it; other processes report 0.
+        self.sessions_over_budget = Gauge(
+            "sessionfold_sessions_over_budget",
+            "Sessions whose current size is past their budget_tokens (seen by the last sweep)",
+            registry=reg, multiprocess_mode="max")
 
     # --- fold jobs ---------------------------------------------------------------------------
     def record_visit(self, record: CompactionRecord, *, duration_s: float | None = None,
@@ -160,6 +168,9 @@ class Metrics:
         """Fold jobs enqueued; ``source`` is ``stream`` or ``sweep``."""
         if n:
             self.jobs_enqueued.labels(source).inc(n)
+
+    def set_sessions_over_budget(self, n: int) -> None:
+        self.sessions_over_budget.set(n)
 
     def observe_scheduler_lag(self, seconds: float) -> None:
         self.scheduler_lag.observe(max(seconds, 0.0))

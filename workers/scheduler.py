@@ -304,9 +304,12 @@ class Scheduler:
         self._next_sweep = time.monotonic() + self.settings.scheduler_sweep_interval_s
         stats.swept = True
         before = len(stats.enqueued)
+        past_budget = 0
         for info in self.store.over_budget(limit=1000):
             self._infos[info.id] = (time.monotonic(), info)
+            past_budget += info.current_tokens > info.policy.budget_tokens
             self._try_enqueue(info.id, "sweep", stats, fresh=info)
+        self._metrics.set_sessions_over_budget(past_budget)
         try:
             self.consumer.prune_consumers(idle_ms=self.settings.scheduler_claim_idle_ms * 10)
         except SessionfoldError as exc:

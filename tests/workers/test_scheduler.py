@@ -466,6 +466,22 @@ def test_the_sweep_finds_sessions_whose_events_redis_lost(
                                      {"source": "sweep"}) == 1
 
 
+def test_the_sweep_reports_how_many_sessions_are_past_their_whole_budget(
+        scheduler: Scheduler, sqlite_store: SessionStore, registry: CollectorRegistry) -> None:
+    near, past = new_session(sqlite_store, "near"), new_session(sqlite_store, "past")
+    budget = near.policy.budget_tokens
+    # "near" is past its trigger only; "past" is past the budget itself (folds not landing).
+    sqlite_store.record_usage("near", {"input_tokens": near.policy.trigger_tokens + 100}, seq=5,
+                              revision=near.revision)
+    sqlite_store.record_usage("past", {"input_tokens": budget + 2_000}, seq=5,
+                              revision=past.revision)
+    scheduler.sweep()
+    assert registry.get_sample_value("sessionfold_sessions_over_budget") == 1
+    sqlite_store.delete_session("past")
+    scheduler.sweep()
+    assert registry.get_sample_value("sessionfold_sessions_over_budget") == 0
+
+
 def test_events_for_unknown_sessions_are_acknowledged_and_counted(
         scheduler: Scheduler, sqlite_store: SessionStore, publisher: UsagePublisher,
         redis_conn: redis.Redis, settings: Settings, registry: CollectorRegistry) -> None:
