@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from sessionfold.core.policy import FoldPolicy
@@ -86,3 +87,14 @@ def test_an_unknown_session_exits_2_with_its_name(
 def test_a_bad_database_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", "--database-url", "mysql://x@y/z"]) == 2
     assert "unsupported database" in capsys.readouterr().err
+
+
+def test_without_database_url_the_data_dirs_sqlite_file_is_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("SESSIONFOLD_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["migrate"]) == 0
+    assert str(tmp_path / "data" / "sessionfold.db") in capsys.readouterr().out
+    assert (tmp_path / "data" / "sessionfold.db").is_file()

@@ -6,8 +6,9 @@
     sessionfold export agent-7 > agent-7.json # the whole session as one JSON object
     sessionfold inspect agent-7               # the window for a person, with fold seams
 
-All three use the store named by ``DATABASE_URL`` (read here, at the entry point); without it,
-the SQLite file ``./.sessionfold/sessionfold.db``. ``--database-url`` overrides both.
+All three use the store every other entry point uses (:func:`~sessionfold.workers.client.
+database_url_for`): ``DATABASE_URL``, else the SQLite file ``<data dir>/sessionfold.db``
+(``SESSIONFOLD_DATA_DIR``, default ``./.sessionfold``). ``--database-url`` overrides both.
 
 ``export`` prints ``{"session", "system", "policy", "revision", "ledger": [{"seq", "message"}],
 "window": [{"start_seq", "end_seq", "kind", "message"}], "spans": [...], "records": [...]}``.
@@ -22,8 +23,11 @@ import json
 import os
 import sys
 
-from sessionfold.store import SessionStore, database_url
+from sessionfold.store import SessionStore
 from sessionfold.store.engine import normalize_url
+
+from ..client import database_url_for
+from ..settings import Settings
 
 __all__ = ["register"]
 
@@ -31,7 +35,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``migrate``, ``export`` and ``inspect`` subcommands."""
     url_help = ("database URL (default: $DATABASE_URL, else the SQLite file "
-                "./.sessionfold/sessionfold.db)")
+                "sessionfold.db in the data dir, ./.sessionfold unless SESSIONFOLD_DATA_DIR)")
 
     migrate = subparsers.add_parser(
         "migrate", help="create or upgrade the session store's schema",
@@ -64,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _open(args: argparse.Namespace) -> SessionStore:
-    url = args.database_url or database_url(os.environ)
+    # Settings read the environment here, at the entry point, and only when no URL was given.
+    url = args.database_url or database_url_for(Settings())
     return SessionStore.from_url(normalize_url(url))
 
 
