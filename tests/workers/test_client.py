@@ -41,7 +41,8 @@ def conversation() -> list[Message]:
 
 
 def _stream(conn: redis.Redis, keys: Keys) -> list[UsageEvent]:
-    return [UsageEvent.from_fields(fields) for _, fields in conn.xrange(keys.usage_stream())]
+    entries: Any = conn.xrange(keys.usage_stream())
+    return [UsageEvent.from_fields(fields) for _, fields in entries]
 
 
 def test_session_is_created_with_a_policy_and_found_without_one(client: Client) -> None:
@@ -88,11 +89,11 @@ def test_cache_breakpoints_go_after_the_stable_head_and_on_the_last_message(
     assert marked == [head, len(view.messages) - 1]
     # Placing markers changes nothing stored: a plain read and the ledger carry none.
     assert "cache_control" not in str(agent.window().messages)
-    assert "cache_control" not in str([e.message.to_json() for e in agent.ledger()])
+    assert "cache_control" not in str([e.message for e in agent.ledger()])
 
 
 def test_cache_breakpoints_skip_thinking_blocks_and_leave_the_input_alone() -> None:
-    messages = [{"role": "user", "content": "task"},
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "task"},
                 {"role": "assistant", "content": [
                     {"type": "text", "text": "answer"},
                     {"type": "thinking", "thinking": "hmm", "signature": "s"}]}]

@@ -19,7 +19,7 @@ from sessionfold.workers.fakeprovider import FakeProvider, Fault
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "transcripts"
 
 
-def _request(text: str) -> list[dict[str, Any]]:
+def _request(text: str) -> Any:  # the SDK's MessageParam list, as plain JSON
     return [{"role": "user", "content": text}]
 
 
@@ -98,7 +98,7 @@ def test_http_server_speaks_the_messages_api_to_the_real_sdk() -> None:
 def test_prompt_cache_splits_the_same_total() -> None:
     provider = FakeProvider()
     head = {"type": "text", "text": "stable head " * 200, "cache_control": {"type": "ephemeral"}}
-    messages = [{"role": "user", "content": [head]},
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [head]},
                 {"role": "assistant", "content": "ok"},
                 {"role": "user", "content": "next question"}]
     first = provider("sys", messages).usage
