@@ -204,8 +204,20 @@ def _first_error(exc: ValidationError) -> tuple[Sequence[int | str], str]:
     return _clean_loc(err["loc"]), err["msg"]
 
 
+def _sdk_dict(raw: Any) -> Any:
+    """A provider SDK's block object (anthropic's ``TextBlock``, ``ToolUseBlock``, ...) as the
+    plain dict it stands for, so an agent can append ``response.content`` as it came back.
+    Unset optional fields (``citations=None``) are left out, as the API itself leaves them."""
+    if isinstance(raw, _Block | Mapping) or not hasattr(raw, "model_dump"):
+        return raw
+    return raw.model_dump(mode="json", exclude_none=True)
+
+
 def _parse_block(raw: Any, index: int, position: int) -> Block:
     where = f"content[{position}]"
+    raw = _sdk_dict(raw)
+    if isinstance(raw, _Block):
+        return raw  # type: ignore[return-value]
     if not isinstance(raw, Mapping):
         raise InvalidMessageError(
             f"a content block must be an object, got {type(raw).__name__}", index=index, field=where

@@ -347,3 +347,22 @@ _block = st.one_of(
 def test_loaded_messages_dump_back_unchanged(raw: list[tuple[str, Any]]) -> None:
     messages = [{"role": role, "content": content} for role, content in raw]
     assert dump_messages(parse_messages(messages)) == messages
+
+
+def test_blocks_from_the_anthropic_sdk_load_as_the_dicts_they_stand_for() -> None:
+    # An agent appends `response.content` as the SDK returned it: block objects, not dicts.
+    from anthropic.types import TextBlock as SdkText
+    from anthropic.types import ToolUseBlock as SdkToolUse
+
+    reply = [SdkText(type="text", text="Reading the log.", citations=None),
+             SdkToolUse(type="tool_use", id="toolu_9", name="bash", input={"command": "ls"})]
+    messages = parse_messages([
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                      "content": "ok"}]},
+    ])
+    assert messages[1].to_json() == {"role": "assistant", "content": [
+        {"type": "text", "text": "Reading the log."},
+        {"type": "tool_use", "id": "toolu_9", "name": "bash", "input": {"command": "ls"}},
+    ]}
