@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import InvalidMessageError, ToolPairingError
 
 __all__ = [
+    "BLOCK_TYPES",
     "Block",
     "Conversation",
     "DocumentBlock",
@@ -119,7 +120,8 @@ Block: TypeAlias = (
     | DocumentBlock
 )
 
-_BLOCK_TYPES: dict[str, type[_Block]] = {
+#: Every block type by its ``type`` tag (the store decodes stored JSON with the same map).
+BLOCK_TYPES: dict[str, type[_Block]] = {
     "text": TextBlock,
     "tool_use": ToolUseBlock,
     "tool_result": ToolResultBlock,
@@ -223,9 +225,9 @@ def _parse_block(raw: Any, index: int, position: int) -> Block:
             f"a content block must be an object, got {type(raw).__name__}", index=index, field=where
         )
     kind = raw.get("type")
-    cls = _BLOCK_TYPES.get(kind) if isinstance(kind, str) else None
+    cls = BLOCK_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        allowed = ", ".join(sorted(_BLOCK_TYPES))
+        allowed = ", ".join(sorted(BLOCK_TYPES))
         raise InvalidMessageError(
             f"unknown block type {kind!r}; allowed: {allowed}", index=index, field=f"{where}.type"
         )

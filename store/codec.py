@@ -21,14 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel
 from sessionfold.core.messages import (
+    BLOCK_TYPES,
     DocumentBlock,
     ImageBlock,
     Message,
-    RedactedThinkingBlock,
     TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
 )
 from sessionfold.core.window import Edit, ItemKind, WindowItem
 
@@ -39,15 +36,6 @@ __all__ = [
     "messages_digest",
 ]
 
-_BLOCKS: dict[str, Any] = {
-    "text": TextBlock,
-    "tool_use": ToolUseBlock,
-    "tool_result": ToolResultBlock,
-    "thinking": ThinkingBlock,
-    "redacted_thinking": RedactedThinkingBlock,
-    "image": ImageBlock,
-    "document": DocumentBlock,
-}
 _PARTS: dict[str, Any] = {"text": TextBlock, "image": ImageBlock, "document": DocumentBlock}
 
 
@@ -122,7 +110,7 @@ class _Trusted:
 
 _new = object.__new__
 _set = object.__setattr__
-_BUILD_BLOCK = {kind: _Trusted(cls) for kind, cls in _BLOCKS.items()}
+_BUILD_BLOCK = {kind: _Trusted(cls) for kind, cls in BLOCK_TYPES.items()}
 _BUILD_PART = {kind: _BUILD_BLOCK[kind] for kind in _PARTS}
 _BUILD_MESSAGE = _Trusted(Message)
 _BUILD_ITEM = _Trusted(WindowItem)
