@@ -215,8 +215,9 @@ def _header(args: argparse.Namespace, versions: dict[str, dict[str, str]],
         f"Time scale {args.time_scale}: the scripted model takes {MODEL_SECONDS} s × "
         f"{args.time_scale} = {MODEL_SECONDS * args.time_scale:.3f} s a call, the fake "
         f"summarizer {SUMMARIZER_SECONDS} s × {args.time_scale} = "
-        f"{SUMMARIZER_SECONDS * args.time_scale:.3f} s; seconds below are model time "
-        "(measured sleep ÷ scale).",
+        f"{SUMMARIZER_SECONDS * args.time_scale:.3f} s. Summarizer seconds on the agent's "
+        f"path are model time: {SUMMARIZER_SECONDS} s for each summarizer call made on the "
+        "agent's thread.",
         "",
         "Versions: " + "; ".join(
             f"{who}: " + ", ".join(f"{k} {v}" for k, v in found.items())

@@ -201,8 +201,11 @@ def charts(runs: Sequence[SystemRun], transcript_ids: Sequence[str], directory: 
 def update_section(results_md: Path, generated: str, *, title: str,
                    part: str = "generated") -> None:
     """Replace one generated part of the B1 section (between its markers), keeping the rest of
-    the file -- other sections, other parts and the hand-written reading -- as it is. A part
-    not in the file yet is added at its end, under ``title``."""
+    the file -- other sections, other parts and the hand-written reading -- as it is.
+
+    A part not in the file yet goes right after the last B1 part (or, with no B1 section yet,
+    at the end of the file under ``title``).
+    """
     begin, end = f"<!-- B1:{part}:begin -->", f"<!-- B1:{part}:end -->"
     block = f"{begin}\n{generated.rstrip()}\n{end}"
     text = results_md.read_text(encoding="utf-8") if results_md.exists() else ""
@@ -211,5 +214,10 @@ def update_section(results_md: Path, generated: str, *, title: str,
         _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
-        text = (text.rstrip() + "\n\n" if text.strip() else "") + f"{title}\n\n{block}\n"
+        ends = list(re.finditer(r"<!-- B1:[A-Za-z0-9_.-]+:end -->", text))
+        if ends:
+            at = ends[-1].end()
+            text = text[:at] + "\n\n" + block + text[at:]
+        else:
+            text = (text.rstrip() + "\n\n" if text.strip() else "") + f"{title}\n\n{block}\n"
     results_md.write_text(text, encoding="utf-8")

@@ -129,9 +129,12 @@ def test_update_section_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     results.write_text("# Results\n\n" + text + "\nMy reading of it.\n\n## B2\nother\n",
                        encoding="utf-8")
     update_section(results, "table two", title="## B1")
+    update_section(results, "extra table", title="## B1", part="extra")
     text = results.read_text(encoding="utf-8")
     assert "table two" in text and "table one" not in text
     assert "My reading of it." in text and "## B2\nother" in text and text.count("## B1") == 1
+    # A new part follows the last one, inside the B1 section, not after B2.
+    assert text.index("table two") < text.index("extra table") < text.index("My reading")
 
 
 # --- the quick mode, end to end -----------------------------------------------------------------
