@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,7 @@ def _finish_peer(peer: str, process: subprocess.Popen[bytes],
 
 
 SNAPSHOT_ENV = "B1_SNAPSHOT_COMMIT"
+SNAPSHOT_DIR_ENV = "B1_SNAPSHOT_DIR"
 
 
 def _git(*argv: str) -> str:
@@ -162,7 +164,8 @@ def _rerun_on_snapshot(argv: list[str]) -> None:
     for name in ("core", "store", "workers"):
         (root / "sessionfold" / name).symlink_to(root / name, target_is_directory=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]), **{SNAPSHOT_ENV: commit})
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        **{SNAPSHOT_ENV: commit, SNAPSHOT_DIR_ENV: str(root)})
     print(f"[b1] sessionfold from commit {commit[:12]}, snapshot in {root}", file=sys.stderr)
     # The same arguments (--snapshot included, so the report shows the command as typed); the
     # environment variable tells the child it already runs on the snapshot.
@@ -310,6 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.snapshot and SNAPSHOT_ENV not in os.environ:
         _rerun_on_snapshot(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(args)
+    finally:
+        snapshot = os.environ.get(SNAPSHOT_DIR_ENV)
+        if snapshot and Path(snapshot).name.startswith("b1-snapshot-"):
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     transcripts = load_transcripts(args.transcripts,
                                    [x for x in args.only.split(",") if x] or None)

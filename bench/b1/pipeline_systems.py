@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -161,6 +162,9 @@ class Pipeline:
                 self.process.kill()
                 self.process.wait()
         self.api.stop()
+        # The data dir (store, embedded Redis files) is this run's alone; the log, when it
+        # should outlive the run, was written elsewhere (``log=``).
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _embedded_url(redis_dir: Path) -> str | None:

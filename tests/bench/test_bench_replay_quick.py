@@ -239,3 +239,16 @@ def test_only_the_inline_system_summarizes_on_the_agents_thread(quick: dict[str,
     background = _run(quick, "sessionfold-background-inprocess")["summarizer_calls"]
     assert inline and all(c["on_agent_thread"] for c in inline)
     assert background and not any(c["on_agent_thread"] for c in background)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--policy", "bogus=1"], "unknown policy field"),
+    (["--policy", "target_ratio=0.9"], "target_ratio < trigger_ratio"),
+    (["--systems", "none,letta"], "unknown system(s) ['letta']"),
+    (["--budgets", "32k"], "--budgets must be comma-separated integers"),
+])
+def test_bad_arguments_are_refused_with_a_reason(argv: list[str], says: str) -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_replay.py"), *argv],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert says in proc.stderr
