@@ -168,12 +168,11 @@ class Pipeline:
 
 
 def _embedded_url(redis_dir: Path) -> str | None:
-    """The URL ``sessionfold up`` wrote for its embedded Redis server, once it is there."""
-    for candidate in sorted(redis_dir.glob("*url*")) if redis_dir.is_dir() else []:
-        text = candidate.read_text(encoding="utf-8").strip()
-        if text.startswith(("unix://", "redis://")):
-            return text
-    return None
+    """The URL ``sessionfold up`` wrote for its embedded Redis server (``redis.url`` in the
+    server's data dir, where ``EmbeddedRedis`` keeps it), once it is there."""
+    path = redis_dir / "redis.url"
+    text = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+    return text if text.startswith(("unix://", "redis://")) else None
 
 
 class _Session:

@@ -39,7 +39,7 @@ from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.layers import clip_oversized
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.window import FoldEdit, WindowItem
+from sessionfold.core.window import FoldEdit, Trigger, WindowItem
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
@@ -161,7 +161,8 @@ class _Session:
             items = list(self.items)
         return Request(self.system, [item.message.to_json() for item in items])
 
-    def _visit(self, *, trigger: Any, force: bool = False, target: int | None = None) -> None:
+    def _visit(self, *, trigger: Trigger, force: bool = False,
+               target: int | None = None) -> None:
         with self.lock:
             snapshot, latched = list(self.items), set(self.latched)
         result: FoldResult = fold_window(snapshot, self.policy, self.summarizer,
