@@ -20,6 +20,18 @@ someone else claimed in between.
 
 ``force=True`` (the inline overflow fallback) always claims: it raises the epoch under any live
 lease, so an in-flight background fold of the same session fails its commit as stale.
+
+**Abandoned claims.** A claim whose lease expired while ``claimed_by`` is still set was never
+finished: its worker died mid-fold (or the store was unreachable when it tried to write). Every
+claim that takes such a claim over counts it in ``sessions.abandoned_folds``; a committed fold,
+or a visit recorded by the claim's holder, sets the count back to 0, and so does resuming the
+session (``set_paused(sid, False)``). The count is per session, not per broker job: a fold that
+kills its worker every time is enqueued again under a new job id after each lease, and only the
+store sees that these are the same failure. With ``max_abandoned=N`` a claim that finds (or, by
+its takeover, makes) the count ``>= N`` refuses with status ``abandoned`` and claims nothing; it
+still ends the dead claim (counted once) and raises the epoch, so the dead holder, should it
+wake up, commits nothing. The caller gives the session up (the workers dead-letter and pause
+it). ``force=True`` counts a takeover but is never refused.
 """
 
 from __future__ import annotations
@@ -60,23 +72,37 @@ def committed_fold_record(conn: Connection, sid: str, job_id: str) -> int | None
     return record
 
 
+def check_max_abandoned(max_abandoned: object) -> int | None:
+    if max_abandoned is not None and (isinstance(max_abandoned, bool)
+                                      or not isinstance(max_abandoned, int) or max_abandoned < 1):
+        raise InvalidInputError(f"max_abandoned must be a positive integer or None, "
+                                f"got {max_abandoned!r}")
+    return max_abandoned
+
+
 def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int | None,
-                 lease_s: float, force: bool, now: datetime) -> Claim:
+                 lease_s: float, force: bool, now: datetime,
+                 max_abandoned: int | None = None) -> Claim:
     """Claim ``sid`` for ``job_id`` under the session lock (see the module doc)."""
     if enqueued_epoch is not None and (isinstance(enqueued_epoch, bool)
                                        or not isinstance(enqueued_epoch, int)):
         raise InvalidInputError(f"enqueued_epoch must be an integer, got {enqueued_epoch!r}")
     if not isinstance(lease_s, int | float) or not math.isfinite(lease_s) or lease_s <= 0:
         raise InvalidInputError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+    max_abandoned = check_max_abandoned(max_abandoned)
     row = lock_session(conn, sid)
     live = row.claimed_by is not None and row.claim_expires_at is not None \
         and row.claim_expires_at > now
+    # A claim still set past its lease: its holder never finished (see the module doc).
+    dead = row.claimed_by is not None and not live
+    abandoned = row.abandoned_folds + (1 if dead else 0)
 
     def refuse(status: str, detail: str) -> Claim:
         return Claim(status=status, session_id=sid, job_id=job_id,  # type: ignore[arg-type]
                      epoch=row.fold_epoch, revision=row.revision,
                      holder=row.claimed_by if live else None,
-                     expires_at=row.claim_expires_at if live else None, detail=detail)
+                     expires_at=row.claim_expires_at if live else None, detail=detail,
+                     abandoned_folds=row.abandoned_folds)
 
     if not force:
         if committed_fold_record(conn, sid, job_id) is not None:
@@ -88,9 +114,22 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
         if enqueued_epoch is not None and row.fold_epoch > enqueued_epoch and not own_retry:
             return refuse("newer-claim", f"the session was claimed (epoch {row.fold_epoch}) "
                           f"after this job was enqueued (epoch {enqueued_epoch})")
+        if max_abandoned is not None and abandoned >= max_abandoned:
+            # End the dead claim here (counted once, its holder fenced off by the new epoch),
+            # and claim nothing: the caller gives the session up.
+            epoch = row.fold_epoch + 1
+            conn.execute(sessions.update().where(sessions.c.id == sid).values(
+                fold_epoch=epoch, claimed_by=None, claim_expires_at=None,
+                abandoned_folds=abandoned, updated_at=now))
+            return Claim(status="abandoned", session_id=sid, job_id=job_id, epoch=epoch,
+                         revision=row.revision, abandoned_folds=abandoned,
+                         detail=f"the fold of this session was abandoned {abandoned} times in "
+                                f"a row (worker lost; max {max_abandoned})")
     epoch = row.fold_epoch + 1
     expires = now + timedelta(seconds=float(lease_s))
     conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        fold_epoch=epoch, claimed_by=job_id, claim_expires_at=expires, updated_at=now))
+        fold_epoch=epoch, claimed_by=job_id, claim_expires_at=expires,
+        abandoned_folds=abandoned, updated_at=now))
     return Claim(status="claimed", session_id=sid, job_id=job_id, epoch=epoch,
-                 revision=row.revision, holder=job_id, expires_at=expires)
+                 revision=row.revision, holder=job_id, expires_at=expires,
+                 abandoned_folds=abandoned)

@@ -259,7 +259,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         current_tokens=current_tokens(
             measured_tokens=measured, pending_tokens=pending, system_tokens=row.system_tokens,
             window_tokens=window_tokens, calibration=Calibration.model_validate(row.calibration)),
-        claimed_by=None, claim_expires_at=None,
+        claimed_by=None, claim_expires_at=None, abandoned_folds=0,
         last_visit_outcome=prepared.record.outcome,
         last_visit_tokens=prepared.record.measured_tokens, last_visit_at=now, updated_at=now,
     ))
@@ -270,6 +270,9 @@ def record_visit_locked(conn: Connection, sid: str, record: CompactionRecord, *,
                         job_id: str | None, epoch: int | None, now: datetime,
                         latch: bool = True) -> int:
     """Write a visit's record; release the claim if it is this job's (same job, same epoch).
+
+    Releasing it means the visit ran to its end: the session's ``abandoned_folds`` goes back
+    to 0. A record written without the claim (a job that stopped at it) leaves the count alone.
 
     Refusals carrying a span fingerprint are latched (unless ``latch=False``: a lost race's
     refusals were judged on a window that no longer exists).
@@ -287,7 +290,7 @@ def record_visit_locked(conn: Connection, sid: str, record: CompactionRecord, *,
     ours = job_id is not None and row.claimed_by == job_id and \
         (epoch is None or epoch == row.fold_epoch)
     if ours:
-        values.update(claimed_by=None, claim_expires_at=None)
+        values.update(claimed_by=None, claim_expires_at=None, abandoned_folds=0)
     conn.execute(sessions.update().where(sessions.c.id == sid).values(**values))
     return record_id
 

@@ -57,6 +57,9 @@ class SessionInfo:
     last_visit_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    #: Claims in a row taken over from a holder that never finished (worker lost mid-fold);
+    #: 0 again after a finished visit, a committed fold, or a resume.
+    abandoned_folds: int = 0
 
     @property
     def over_budget(self) -> bool:
@@ -145,7 +148,7 @@ class StoredRecord(CompactionRecord):
     created_at: datetime
 
 
-ClaimStatus = Literal["claimed", "already-committed", "newer-claim"]
+ClaimStatus = Literal["claimed", "already-committed", "newer-claim", "abandoned"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,9 @@ class Claim:
 
     ``claimed``: go ahead, commit with ``epoch``. ``already-committed``: this job's visit is
     already written (a redelivery), stop. ``newer-claim``: another claim is live or came after
-    the job was enqueued, stop before paying for a summary.
+    the job was enqueued, stop before paying for a summary. ``abandoned``: the session's folds
+    were abandoned ``abandoned_folds`` times in a row (at least the caller's
+    ``max_abandoned``), stop and give the session up.
     """
 
     status: ClaimStatus
@@ -166,6 +171,8 @@ class Claim:
     holder: str | None = None
     expires_at: datetime | None = None
     detail: str = ""
+    #: The session's count of abandoned claims after this call (see SessionInfo).
+    abandoned_folds: int = 0
 
     @property
     def claimed(self) -> bool:

@@ -40,7 +40,7 @@ __all__ = [
     "window_items",
 ]
 
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 VERSION_TABLE = "sessionfold_schema_version"
 
 
@@ -112,6 +112,9 @@ sessions = sa.Table(
     # Random per created session: with (start_seq, version) it names a window item uniquely
     # across a delete and re-create of the same id (versions restart), for readers' caches.
     sa.Column("incarnation", sa.BigInteger, nullable=False, server_default="0"),
+    # Claims taken over from a holder that never finished (its worker died mid-fold), in a row;
+    # a finished visit, a commit or a resume sets it back to 0 (see claims.py).
+    sa.Column("abandoned_folds", sa.Integer, nullable=False, server_default="0"),
 )
 # The scheduler's sweep: "current_tokens > trigger_tokens and not paused", most over first. An
 # index on the difference makes it one index range scan on both backends.

@@ -129,6 +129,7 @@ def session_info(row: Row[Any]) -> SessionInfo:
         last_visit_at=m["last_visit_at"],
         created_at=m["created_at"],
         updated_at=m["updated_at"],
+        abandoned_folds=m["abandoned_folds"],
     )
 
 
@@ -147,7 +148,7 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
                                       calibration=calibration),
         trigger_tokens=policy.trigger_tokens, last_visit_outcome=None, last_visit_tokens=None,
         last_visit_at=None, created_at=now, updated_at=now,
-        incarnation=secrets.randbits(62),
+        incarnation=secrets.randbits(62), abandoned_folds=0,
     ))
 
 
@@ -158,9 +159,19 @@ def set_policy(conn: Connection, sid: str, policy: FoldPolicy, *, now: datetime)
 
 
 def set_paused(conn: Connection, sid: str, paused: bool, *, now: datetime) -> None:
-    lock_session(conn, sid)
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        paused=paused, updated_at=now))
+    """Pause or resume. Resuming also forgets abandoned claims: the operator asks for a new try
+    (a session given up on for killing its workers gets ``max_abandoned`` fresh attempts). A
+    claim left behind past its lease is ended too (and fenced by a new epoch), so it is not
+    counted as the first of the fresh attempts."""
+    row = lock_session(conn, sid)
+    values: dict[str, Any] = {"paused": paused, "updated_at": now}
+    if not paused:
+        values["abandoned_folds"] = 0
+        if row.claimed_by is not None and (row.claim_expires_at is None
+                                           or row.claim_expires_at <= now):
+            values.update(claimed_by=None, claim_expires_at=None,
+                          fold_epoch=row.fold_epoch + 1)
+    conn.execute(sessions.update().where(sessions.c.id == sid).values(**values))
 
 
 def delete_session(conn: Connection, sid: str) -> bool:

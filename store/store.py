@@ -152,6 +152,7 @@ class SessionStore:
             sessions.set_policy(conn, sid, policy, now=self._db.now())
 
     def set_paused(self, sid: str, paused: bool) -> None:
+        """Pause (no background folds) or resume; resuming also zeroes ``abandoned_folds``."""
         sid = sessions.check_session_id(sid)
         if not isinstance(paused, bool):
             raise InvalidInputError(f"paused must be True or False, got {paused!r}")
@@ -244,12 +245,19 @@ class SessionStore:
     # --- folds -----------------------------------------------------------------------------
 
     def claim(self, sid: str, job_id: str, *, enqueued_epoch: int | None = None,
-              lease_s: float = claims.DEFAULT_LEASE_S, force: bool = False) -> Claim:
+              lease_s: float = claims.DEFAULT_LEASE_S, force: bool = False,
+              max_abandoned: int | None = None) -> Claim:
+        """Claim ``sid`` for a fold by ``job_id`` (see :mod:`.claims`).
+
+        ``max_abandoned``: refuse (status ``abandoned``) once the session's folds were abandoned
+        that many times in a row (claims taken over from holders that never finished).
+        """
         sid = sessions.check_session_id(sid)
         job_id = claims.check_job_id(job_id)
         with self._db.write() as conn:
             return claims.claim_locked(conn, sid, job_id, enqueued_epoch=enqueued_epoch,
-                                       lease_s=lease_s, force=force, now=self._db.now())
+                                       lease_s=lease_s, force=force, now=self._db.now(),
+                                       max_abandoned=max_abandoned)
 
     def commit_fold(self, sid: str, result: FoldResult, *, epoch: int,
                     job_id: str) -> CommitResult:

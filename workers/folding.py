@@ -25,26 +25,47 @@ Why each step sits where it does:
   tool output is worth keeping) and the report carries the error in :attr:`FoldReport.retry_error`
   for the Celery task to retry. Every store job id is used for one visit only, so a retry runs
   under its own job id (see :func:`store_job_id`).
+- **Celery's soft time limit** (``SoftTimeLimitExceeded``, raised into the planner or the
+  summarizer wherever it happens to be) ends the visit like a transient summarizer failure: a
+  ``summarizer-failed`` refusal (detail ``soft time limit``) is recorded, which releases the
+  claim at once instead of leaving it to block the session until its lease runs out, and the
+  report carries a :class:`TransientSummarizerError` so the task retries with its backoff.
+- **A session whose folds keep dying** (``FoldJob.max_abandoned``): the store counts claims
+  taken over from holders that never finished, per session; at the cap the claim answers
+  ``abandoned`` and the visit stops as ``skipped`` with that claim status, before any
+  summarizer call, for the task to give the session up.
 
 Fault points (tests only): with ``SESSIONFOLD_TEST_PAUSE_AT`` naming a point and
 ``SESSIONFOLD_TEST_PAUSE_MARKER`` a file path, the first process to reach that point creates the
 file (holding its pid) and then waits for ever, so a test can SIGKILL a worker at exactly that
 moment instead of sleeping and hoping. Points: ``after-summary`` (the summarizer returned, nothing
 committed yet) and ``after-commit`` (committed, the Celery message not yet acknowledged).
+With ``SESSIONFOLD_TEST_KILL_AT`` naming a point instead, *every* process reaching it kills
+itself with SIGKILL (a fold that takes its worker down each time it runs).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+# Celery raises billiard's class (celery.exceptions re-exports it); importing it from billiard
+# keeps the client, which shares this module, from importing Celery.
+from billiard.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer
-from sessionfold.core.window import CompactionRecord, SummarizerUsage, Trigger
+from sessionfold.core.window import (
+    CompactionRecord,
+    Refusal,
+    SummarizerUsage,
+    Trigger,
+    WindowItem,
+)
 
 if TYPE_CHECKING:
     from sessionfold.store import SessionStore
@@ -53,6 +74,7 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 __all__ = [
+    "KILL_AT_ENV",
     "PAUSE_AT_ENV",
     "PAUSE_MARKER_ENV",
     "FoldJob",
@@ -67,6 +89,8 @@ log = logging.getLogger(__name__)
 
 PAUSE_AT_ENV = "SESSIONFOLD_TEST_PAUSE_AT"
 PAUSE_MARKER_ENV = "SESSIONFOLD_TEST_PAUSE_MARKER"
+KILL_AT_ENV = "SESSIONFOLD_TEST_KILL_AT"
+SOFT_TIME_LIMIT = "soft time limit"
 
 
 @dataclass(frozen=True)
@@ -79,6 +103,8 @@ class FoldJob:
     ``measured_tokens`` is a size the caller knows better than the store (the token count of a
     provider's "prompt is too long" error). ``lease_s`` bounds the claim: a worker that dies
     holding it blocks the session no longer than that. ``replan`` re-plans once after a lost race.
+    ``max_abandoned`` (the Celery task: ``max_attempts``) stops a session whose folds were
+    abandoned that many times in a row (claim status ``abandoned``); None never stops.
     """
 
     session_id: str
@@ -90,6 +116,7 @@ class FoldJob:
     measured_tokens: int | None = None
     lease_s: float = 300.0
     replan: bool = False
+    max_abandoned: int | None = None
 
 
 @dataclass(frozen=True)
@@ -200,7 +227,7 @@ def run_fold(store: SessionStore, summarizer: Summarizer | None, job: FoldJob) -
 def _visit(store: SessionStore, summarizer: Summarizer | None, job: FoldJob) -> FoldReport:
     sid = job.session_id
     claim = store.claim(sid, job.job_id, enqueued_epoch=job.enqueued_epoch, lease_s=job.lease_s,
-                        force=job.force)
+                        force=job.force, max_abandoned=job.max_abandoned)
     base = FoldReport(session_id=sid, job_id=job.job_id, trigger=job.trigger,
                       outcome="skipped", claim=claim.status, epoch=claim.epoch,
                       revision=claim.revision, detail=claim.detail)
@@ -214,12 +241,24 @@ def _visit(store: SessionStore, summarizer: Summarizer | None, job: FoldJob) -> 
         return replace(base, outcome=record.outcome, revision=window.revision,
                        tokens_before=record.measured_tokens, tokens_after=record.tokens_after,
                        detail=record.detail, record=record)
-    result = fold_window(
-        window.items, info.policy, summarizer, system=window.system,
-        measured_tokens=_measured(job, info), calibration=info.calibration,
-        trigger=job.trigger, force=job.force, target_tokens=job.target_tokens,
-        latched=store.latched(sid),
-    )
+    try:
+        result = fold_window(
+            window.items, info.policy, summarizer, system=window.system,
+            measured_tokens=_measured(job, info), calibration=info.calibration,
+            trigger=job.trigger, force=job.force, target_tokens=job.target_tokens,
+            latched=store.latched(sid),
+        )
+    except SoftTimeLimitExceeded:
+        # The hard limit follows shortly: release the claim now (a recorded visit), so the
+        # session is not blocked for a whole lease, and let the task retry later.
+        record = _out_of_time_record(info, job, window.items)
+        store.record_visit(sid, record, job_id=job.job_id, epoch=claim.epoch)
+        log.warning("fold of %s by %s hit the soft time limit; visit recorded", sid, job.job_id)
+        return replace(base, outcome=record.outcome, revision=window.revision,
+                       tokens_before=record.measured_tokens, tokens_after=record.tokens_after,
+                       refusals=("summarizer-failed",), detail=record.detail, record=record,
+                       retry_error=TransientSummarizerError(
+                           f"{SOFT_TIME_LIMIT}: the fold ran out of time"))
     fault_point("after-summary")
     return _land(store, job, claim, result, replace(base, revision=window.revision))
 
@@ -274,6 +313,26 @@ def _paused_record(info: SessionInfo, job: FoldJob) -> CompactionRecord:
     )
 
 
+def _out_of_time_record(info: SessionInfo, job: FoldJob,
+                        items: list[WindowItem]) -> CompactionRecord:
+    """The record of a visit cut short by Celery's soft time limit (nothing was changed; what
+    the summarizer was paid for is unknown, the call did not return)."""
+    policy = info.policy
+    start = items[0].start_seq if items else 0
+    end = items[-1].end_seq if items else 0
+    measured = _measured(job, info)
+    return CompactionRecord(
+        trigger=job.trigger, outcome="refused", budget_tokens=policy.budget_tokens,
+        target_tokens=job.target_tokens or policy.target_tokens,
+        measured_tokens=measured if measured is not None else info.current_tokens,
+        measured_by="reported" if measured is not None else "estimate",
+        tokens_after=info.current_tokens, forced=job.force,
+        refusals=(Refusal(reason="summarizer-failed", start_seq=start, end_seq=end,
+                          detail=SOFT_TIME_LIMIT),),
+        detail=f"{SOFT_TIME_LIMIT}: the visit ran out of time before it could fold; retried",
+    )
+
+
 def fault_point(name: str) -> None:
     """Test hook: the first process to reach point ``name`` marks it and waits for ever.
 
@@ -281,7 +340,12 @@ def fault_point(name: str) -> None:
     ``SESSIONFOLD_TEST_PAUSE_MARKER`` names a file that does not exist yet. Creating the marker
     is atomic (``O_EXCL``), so of several processes, and of a redelivery after the kill, only
     the first one stops: the job can then run to its end.
+
+    ``SESSIONFOLD_TEST_KILL_AT`` equal to ``name``: every process reaching it SIGKILLs itself.
     """
+    if os.environ.get(KILL_AT_ENV) == name:
+        log.warning("fault point %s reached in pid %d: killing it", name, os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(PAUSE_AT_ENV) != name:
         return
     marker = os.environ.get(PAUSE_MARKER_ENV)

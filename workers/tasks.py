@@ -13,7 +13,15 @@
    here, before any summarizer call), fold, commit. The summarizer holds a global slot per call
    (:class:`~sessionfold.workers.gate.SummarizerSlots`); a session past its spend cap folds
    with the free layers only.
-3. A transient summarizer error (429, 529, 5xx, timeout, no free slot) is retried with capped
+
+   A worker lost mid-fold is not seen by the delivery count: the immediate redelivery finds the
+   dead fold's claim live and stops, and after the lease the scheduler enqueues a new job. The
+   store counts such abandoned claims per session instead, and the claim passes
+   ``max_attempts`` as the cap: at it the claim answers ``abandoned``, and the session is given
+   up — dead-lettered, and *paused*, so no background fold of it runs again (and no summarizer
+   is paid) until an operator runs ``sessionfold resume SESSION``.
+3. A transient summarizer error (429, 529, 5xx, timeout, no free slot, Celery's soft time
+   limit) is retried with capped
    exponential backoff, honouring ``retry-after`` up to the cap; the settings keep the cap plus
    the hard time limit within the broker's visibility timeout, so a countdown never outlives it
    (an ETA message held past it is delivered twice). A permanent one is a recorded refusal
@@ -82,7 +90,7 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
     request = task.request
     job = FoldJob(session_id=session_id, job_id=store_job_id(request.id, request.retries),
                   trigger=cast(Trigger, trigger), enqueued_epoch=enqueued_epoch,
-                  lease_s=settings.task_time_limit_s)
+                  lease_s=settings.task_time_limit_s, max_abandoned=settings.max_attempts)
     attempts_key = runtime.keys.fold_attempts(job.job_id)
     deliveries = _count_delivery(runtime, attempts_key)
     lock = FoldLock.from_settings(settings, runtime.redis)
@@ -95,6 +103,8 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
                                   "its worker was lost each time")
             else:
                 report = _fold(runtime, job)
+                if report.claim == "abandoned":
+                    report = _abandon(runtime, job, report)
         except SessionNotFoundError:
             report = FoldReport(session_id=session_id, job_id=job.job_id, trigger=trigger,
                                 outcome="skipped", claim="none",
@@ -102,7 +112,8 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
         if report.record is not None:
             visit.done(report.record, cost_usd=summarizer_cost_usd(report.summarizer_usage))
     if report.outcome == "dead-lettered":
-        meter.record_dead_letter("max-attempts")
+        meter.record_dead_letter("worker-lost" if report.claim == "abandoned"
+                                 else "max-attempts")
     if report.retry_error is not None:
         _retry_or_give_up(task, runtime, job, report, lock, lock_token, attempts_key)
     fault_point("after-commit")
@@ -186,6 +197,33 @@ def _give_up(runtime: WorkerRuntime, job: FoldJob, deliveries: int, reason: str)
     store.record_visit(job.session_id, record, job_id=job.job_id, epoch=claim.epoch)
     log.error("fold job %s for %s dead-lettered: %s", job.job_id, job.session_id, reason)
     return replace(base, outcome="dead-lettered", detail=reason, record=record)
+
+
+def _abandon(runtime: WorkerRuntime, job: FoldJob, report: FoldReport) -> FoldReport:
+    """Give up a session whose folds keep killing their worker (the claim said ``abandoned``).
+
+    Paused first: from then on no background fold of it is tried (the scheduler skips paused
+    sessions), so no summarizer call is paid again until an operator resumes it. Then the dead
+    letter and a recorded refusal say why. Nothing was claimed, so nothing is released here.
+    """
+    store = runtime.store
+    sid = job.session_id
+    info = store.get_session(sid)
+    times = info.abandoned_folds
+    reason = (f"the fold of this session was abandoned {times} times in a row (worker lost); "
+              f"paused until `sessionfold resume {sid}`")
+    store.set_paused(sid, True)
+    store.dead_letter(job.job_id, sid, reason, times, _payload(job, None))
+    record = CompactionRecord(
+        trigger=job.trigger, outcome="refused", budget_tokens=info.policy.budget_tokens,
+        target_tokens=info.policy.target_tokens, measured_tokens=info.current_tokens,
+        measured_by="reported" if info.measured_tokens is not None else "estimate",
+        tokens_after=info.current_tokens, detail=f"dead-lettered: {reason}")
+    # Written without the claim (job_id only names the writer): the count stays for an operator
+    # to see until the resume clears it.
+    store.record_visit(sid, record, job_id=job.job_id)
+    log.error("fold of %s dead-lettered by job %s: %s", sid, job.job_id, reason)
+    return replace(report, outcome="dead-lettered", detail=reason, record=record)
 
 
 def _count_delivery(runtime: WorkerRuntime, key: str) -> int:

@@ -106,12 +106,92 @@ def test_a_redelivered_job_that_already_committed_stops(store: SessionStore) -> 
     assert again.status == "already-committed"
 
 
+def _die_holding_the_claim(store: SessionStore, clock: Clock, job: str,
+                           max_abandoned: int | None = 3) -> str:
+    """``job`` claims and its worker dies: the lease runs out with the claim still set."""
+    claim = store.claim("a", job, lease_s=10, max_abandoned=max_abandoned)
+    clock.advance(11)
+    return claim.status
+
+
+def _visit_record(outcome: str = "nothing-to-fold") -> CompactionRecord:
+    return CompactionRecord(trigger="threshold", outcome=outcome,
+                            budget_tokens=2000, target_tokens=1200, measured_tokens=2500,
+                            tokens_after=2500)
+
+
+def test_takeovers_of_dead_claims_count_per_session_until_the_cap_refuses(
+        store: SessionStore, clock: Clock) -> None:
+    _session(store)
+    # Every job has its own id (the scheduler enqueues anew after each lease): the count is
+    # the session's.
+    assert _die_holding_the_claim(store, clock, "job-1") == "claimed"
+    assert store.get_session("a").abandoned_folds == 0  # nobody took job-1's claim over yet
+    assert _die_holding_the_claim(store, clock, "job-2") == "claimed"
+    assert store.get_session("a").abandoned_folds == 1
+    assert _die_holding_the_claim(store, clock, "job-3") == "claimed"
+    assert store.get_session("a").abandoned_folds == 2
+    epoch = store.get_session("a").fold_epoch
+    refused = store.claim("a", "job-4", max_abandoned=3)
+    assert refused.status == "abandoned" and not refused.claimed
+    assert refused.abandoned_folds == 3 and "abandoned 3 times in a row" in refused.detail
+    info = store.get_session("a")
+    # The dead claim is ended (counted once) and fenced: job-3 could not commit now.
+    assert info.abandoned_folds == 3 and info.claimed_by is None
+    assert info.fold_epoch == refused.epoch == epoch + 1
+    again = store.claim("a", "job-5", max_abandoned=3)
+    assert again.status == "abandoned" and again.abandoned_folds == 3
+    # Without a cap (the inline fallback) the session is still claimed.
+    assert store.claim("a", "inline-1", force=True).claimed
+
+
+def test_a_live_claim_or_a_released_one_is_not_counted(store: SessionStore,
+                                                       clock: Clock) -> None:
+    _session(store)
+    claim = store.claim("a", "job-1", lease_s=10)
+    assert store.claim("a", "job-2", max_abandoned=1).status == "newer-claim"  # live: a twin
+    store.record_visit("a", _visit_record(), job_id="job-1", epoch=claim.epoch)
+    clock.advance(11)
+    assert store.claim("a", "job-3", max_abandoned=1).claimed
+    assert store.get_session("a").abandoned_folds == 0
+
+
+@pytest.mark.parametrize("finish", ["commit", "visit", "refused-visit", "resume"])
+def test_a_finished_visit_or_a_resume_resets_the_count(store: SessionStore, clock: Clock,
+                                                       finish: str) -> None:
+    _session(store)
+    for job in ("job-1", "job-2", "job-3"):
+        _die_holding_the_claim(store, clock, job)
+    assert store.get_session("a").abandoned_folds == 2
+    if finish == "resume":
+        store.set_paused("a", True)
+        assert store.get_session("a").abandoned_folds == 2  # pausing keeps it for the operator
+        store.set_paused("a", False)
+    else:
+        claim = store.claim("a", "job-4", max_abandoned=5)
+        assert claim.claimed and claim.abandoned_folds == 3
+        # A record by a job that does not hold the claim is no finished visit of it.
+        store.record_visit("a", _visit_record(), job_id="job-other")
+        assert store.get_session("a").abandoned_folds == 3
+        if finish == "commit":
+            store.commit_fold("a", plan(store, "a"), epoch=claim.epoch, job_id="job-4")
+        else:
+            outcome = "refused" if finish == "refused-visit" else "nothing-to-fold"
+            store.record_visit("a", _visit_record(outcome), job_id="job-4", epoch=claim.epoch)
+    info = store.get_session("a")
+    assert info.abandoned_folds == 0 and info.claimed_by is None
+    assert store.claim("a", "job-5", max_abandoned=1).claimed
+
+
 def test_bad_claims_are_refused(store: SessionStore) -> None:
     _session(store, steps=1)
     for kwargs, match in (({"lease_s": 0}, "lease_s"), ({"lease_s": float("nan")}, "lease_s"),
                           ({"enqueued_epoch": "3"}, "enqueued_epoch")):
         with pytest.raises(InvalidInputError, match=match):
-            store.claim("a", "job", **kwargs)  # type: ignore[arg-type]
+            store.claim("a", "job", **kwargs)
+    for bad in (0, -1, True, "3"):
+        with pytest.raises(InvalidInputError, match="max_abandoned"):
+            store.claim("a", "job", max_abandoned=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="job id"):
         store.claim("a", "")
     assert store.get_session("a").fold_epoch == 0

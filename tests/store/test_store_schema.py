@@ -106,11 +106,12 @@ def test_an_older_schema_is_refused_until_migrated_and_keeps_its_data(fresh_url:
                 "updated_at) VALUES ('old', :policy, 'sys', 5, 0, 0, 0, :f, 0, '[]', 0, 0, '{}', "
                 "5, 3400, :now, :now)"),
                 {"policy": '{"budget_tokens": 4000}', "f": False, "now": now})
-        with pytest.raises(SchemaError, match=r"revision 0001, this sessionfold needs 0002; "
-                                              r"run `sessionfold migrate`"):
+        with pytest.raises(SchemaError, match=rf"revision 0001, this sessionfold needs "
+                                              rf"{SCHEMA_REVISION}; run `sessionfold migrate`"):
             store.get_session("old")
         assert store.migrate() == SCHEMA_REVISION
         assert store.get_session("old").system == "sys"
+        assert store.get_session("old").abandoned_folds == 0  # 0003's column, defaulted
         with store.engine.connect() as conn:
             incarnation = conn.execute(sa.text(
                 "SELECT incarnation FROM sessions WHERE id = 'old'")).scalar_one()

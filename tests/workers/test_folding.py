@@ -8,8 +8,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 from pipeline_harness import postgres_url, transcript_session, wait_until
 from sessionfold.core.errors import PermanentSummarizerError, TransientSummarizerError
 from sessionfold.core.messages import Message
@@ -23,6 +26,9 @@ from sessionfold.workers.folding import (
     run_fold,
     store_job_id,
 )
+from sessionfold.workers.locks import FoldLock
+from sessionfold.workers.settings import Settings
+from sessionfold.workers.tasks import _retry_or_give_up
 
 SID = "agent-fold"
 POLICY = FoldPolicy(budget_tokens=8000)
@@ -146,6 +152,48 @@ def test_transient_failure_keeps_the_cheap_layers_releases_the_claim_and_can_ret
                                                 enqueued_epoch=report.epoch))
     assert retry.outcome == "folded" and retry.retry_error is None
     assert _summaries(store) == 1
+
+
+class _Retry(Exception):
+    """What the task double's ``retry`` returns (Celery's Retry, raised by the task)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("retry")
+        self.options = options
+
+
+def test_the_soft_time_limit_records_the_visit_releases_the_claim_and_retries(
+        store: SessionStore, session: list[Message], tmp_path: Path) -> None:
+    # Celery raises SoftTimeLimitExceeded wherever the fold happens to be: here, in the
+    # summarizer call, which therefore never returns.
+    summarizer = ScriptedSummarizer(errors=[SoftTimeLimitExceeded()])
+    report = run_fold(store, summarizer, FoldJob(SID, "task-9", lease_s=3600))
+    assert summarizer.calls == 1
+    assert report.outcome == "refused" and report.refusals == ("summarizer-failed",)
+    assert report.retry_error is not None and "soft time limit" in str(report.retry_error)
+    record = store.records(SID)[-1]
+    assert record.outcome == "refused" and record.job_id == "task-9"
+    assert [(r.reason, r.detail) for r in record.refusals] == [("summarizer-failed",
+                                                                "soft time limit")]
+    # Released at once, not after the hour-long lease: a retry (or anyone) may claim now.
+    info = store.get_session(SID)
+    assert info.claimed_by is None and info.abandoned_folds == 0
+    assert _summaries(store) == 0
+    # The task retries it like a transient summarizer error: capped backoff, the claimed epoch.
+    settings = Settings(data_dir=tmp_path, max_attempts=3, retry_backoff_base_s=1.0,
+                        retry_backoff_cap_s=2.0)
+    task = SimpleNamespace(request=SimpleNamespace(retries=0),
+                           retry=lambda **options: _Retry(**options))
+    runtime = SimpleNamespace(settings=settings, store=store, redis=None)
+    with pytest.raises(_Retry) as retried:
+        _retry_or_give_up(task, runtime, FoldJob(SID, "task-9"),  # type: ignore[arg-type]
+                          report, FoldLock.__new__(FoldLock), None, "attempts-key")
+    options = retried.value.options
+    assert 0 < options["countdown"] <= settings.retry_backoff_cap_s
+    assert options["kwargs"]["enqueued_epoch"] == report.epoch
+    retry = run_fold(store, ScriptedSummarizer(), FoldJob(
+        SID, store_job_id("task-9", 1), enqueued_epoch=options["kwargs"]["enqueued_epoch"]))
+    assert retry.outcome == "folded" and _summaries(store) == 1
 
 
 def test_permanent_failure_is_a_recorded_refusal_not_a_retry(

@@ -6,11 +6,15 @@ broker's visibility timeout (short here) and a fresh worker takes it:
 
 - killed after the summarizer returned, before the commit: the job comes back and folds once;
 - killed after the commit, before the ack: the redelivery stops at the claim, no second
-  summarizer call.
+  summarizer call;
+- a fold that kills its pool process every time: the store counts the abandoned claims of the
+  session across the scheduler's new jobs; at ``max_attempts`` it is dead-lettered and paused,
+  and no summarizer call is paid after that.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +24,7 @@ import pytest
 from pipeline_harness import (
     PipelineProcess,
     postgres_url,
+    scheduler_process,
     started,
     transcript_session,
     wait_until,
@@ -28,8 +33,9 @@ from pipeline_harness import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery, make_enqueue
+from sessionfold.workers.cli import main
 from sessionfold.workers.fakeprovider import FakeProvider
-from sessionfold.workers.folding import PAUSE_AT_ENV, PAUSE_MARKER_ENV
+from sessionfold.workers.folding import KILL_AT_ENV, PAUSE_AT_ENV, PAUSE_MARKER_ENV
 from sessionfold.workers.settings import Settings
 
 SID = "agent-killed"
@@ -114,3 +120,59 @@ def test_killed_after_the_commit_before_the_ack_the_redelivery_stops_at_the_clai
     assert rig.store.spans(SID) == spans
     wait_until(lambda: rig.store.get_session(SID).claimed_by is None, timeout_s=10,
                what="no claim left behind")
+
+
+def test_a_fold_that_kills_its_worker_every_time_is_dead_lettered_and_paused(
+        make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = FakeProvider()
+    with provider.serve() as server:
+        # Short leases (= the hard time limit) and a quick sweep: the scheduler comes back for
+        # the session within seconds of each lost fold. Each new job has a new id.
+        settings = make_settings(
+            database_url=postgres_url(request), summarizer="anthropic",
+            anthropic_api_key="sk-fake", anthropic_base_url=server.base_url, metrics_port=0,
+            max_attempts=2, visibility_timeout_s=8, task_time_limit_s=3,
+            task_soft_time_limit_s=2, retry_backoff_base_s=0.5, retry_backoff_cap_s=2,
+            lock_ttl_s=4, scheduler_sweep_interval_s=1, scheduler_block_ms=200)
+        with SessionStore.from_url(settings.database_url) as store:
+            conv = transcript_session("django__django-15554", 60)
+            store.create_session(SID, POLICY, conv.system)
+            store.append(SID, conv.messages)
+            assert store.get_session(SID).over_budget
+            # The pool process dies after its summary arrived, before it commits, every time.
+            worker = started(request, worker_process(
+                settings, tmp_path / "worker.log", concurrency=1,
+                **{KILL_AT_ENV: "after-summary"}))
+            started(request, scheduler_process(settings, tmp_path / "scheduler.log"))
+            wait_until(lambda: store.get_session(SID).paused, timeout_s=120,
+                       what="the session to be given up and paused")
+            calls_at_pause = provider.stats.calls
+            info = store.get_session(SID)
+            assert info.abandoned_folds == settings.max_attempts
+            assert info.claimed_by is None
+            (letter,) = [d for d in store.dead_letters() if d.session_id == SID]
+            assert letter.attempts == settings.max_attempts
+            assert (f"abandoned {settings.max_attempts} times in a row (worker lost)"
+                    in letter.reason)
+            records = store.records(SID)
+            # Nothing but the refusal that says why: every other visit died with its worker.
+            assert [r.outcome for r in records] == ["refused"]
+            assert records[0].detail.startswith("dead-lettered") and records[0].job_id == \
+                letter.job_id
+            assert store.spans(SID) == []
+            # One visit per abandoned claim paid the summarizer, each dying before its commit.
+            deaths = worker.log_text().count("fault point after-summary reached")
+            assert deaths == settings.max_attempts
+            assert calls_at_pause >= settings.max_attempts
+            # Paused: the scheduler's sweep (every second) and a lease later, nothing is paid.
+            time.sleep(settings.task_time_limit_s + 3 * settings.scheduler_sweep_interval_s)
+            assert provider.stats.calls == calls_at_pause
+            assert store.get_session(SID).paused
+            worker.stop()  # before the resume: the next fold would kill it again
+            # The operator's resume lets folds run again, with a fresh count of attempts.
+            monkeypatch.setenv("DATABASE_URL", str(settings.database_url))
+            monkeypatch.chdir(tmp_path)
+            assert main(["resume", SID]) == 0
+            info = store.get_session(SID)
+            assert not info.paused and info.abandoned_folds == 0 and info.claimed_by is None
