@@ -135,7 +135,9 @@ class Settings(BaseSettings):
     task_time_limit_s: float = Field(default=300.0, gt=0)
     #: Redis broker: a message unacknowledged this long is delivered again.
     visibility_timeout_s: float = Field(default=3600.0, gt=0)
-    #: Deliveries of one fold job before it is dead-lettered.
+    #: The cap on failures before a fold is given up on: deliveries of one job (its worker lost),
+    #: transient-error retries of one job, and folds of one session abandoned in a row (a session
+    #: whose fold kills its worker every time is dead-lettered and paused until resumed).
     max_attempts: int = Field(default=5, ge=1)
     retry_backoff_base_s: float = Field(default=2.0, gt=0)
     retry_backoff_cap_s: float = Field(default=300.0, gt=0)
