@@ -37,9 +37,15 @@ def _drive(agent: SessionHandle, messages: list[Message], start: int, stop: int,
 def test_scheduler_and_worker_recover_from_a_redis_restart(
         make_settings: Callable[..., Settings], private_redis: Any,
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # A fold in flight when Redis goes away is terminated by Celery (its late ack cannot be
+    # sent); its store claim then holds the session until the lease (the task time limit)
+    # expires. Short limits keep that wait inside the test's patience.
     settings = make_settings(redis_url=private_redis.url, database_url=postgres_url(request),
                              metrics_port=0, scheduler_sweep_interval_s=2,
-                             scheduler_block_ms=200, scheduler_claim_idle_ms=2000)
+                             scheduler_block_ms=200, scheduler_claim_idle_ms=2000,
+                             visibility_timeout_s=40, task_time_limit_s=15,
+                             task_soft_time_limit_s=12, retry_backoff_base_s=0.5,
+                             retry_backoff_cap_s=5, lock_ttl_s=20)
     processes = [started(request, scheduler_process(settings, tmp_path / "scheduler.log")),
                  started(request, worker_process(settings, tmp_path / "worker.log"))]
     conversations = {name: transcript_session(name).messages for name in NAMES}
