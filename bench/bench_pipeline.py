@@ -361,7 +361,14 @@ def report(result: dict[str, Any]) -> str:
     ])
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Python's default SIGTERM ends the process without unwinding: the workers and scheduler
+    # (own process groups) would outlive a `timeout`-ed run. Unwind so `process()` stops them.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--period", type=float, default=2.0,
