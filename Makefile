@@ -12,7 +12,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sessionfold-installed
-EXAMPLE := workers/examples/ops-incident-acct-8842.json
+EXAMPLE := cli/examples/ops-incident-acct-8842.json
 PYTEST_ARGS ?=
 NEED_311 := import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 
@@ -32,7 +32,7 @@ test: lint typecheck pytest
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# mypy --strict over sessionfold.core, .store and .workers under their import names.
+# mypy --strict over every package (sessionfold.core, .store, .workers, .client, .cli).
 typecheck: $(STAMP)
 	PYTHON=$(BIN)/python bash tools/typecheck.sh
 

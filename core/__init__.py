@@ -1,4 +1,4 @@
-"""sessionfold.core: the pure fold engine (no I/O but the summarizer call).
+"""sessionfold.core: the pure fold engine (no I/O but the summarizer call it is handed).
 
 The public API in one place::
 
@@ -12,8 +12,6 @@ The public API in one place::
 The store and the workers use :func:`fold_window` on stored window items; see
 ``docs/internals.md``.
 """
-
-from typing import TYPE_CHECKING, Any
 
 from .compact import CompactResult, FoldResult, compact, fold_window
 from .errors import (
@@ -33,9 +31,9 @@ from .errors import (
     UsageUnmeasurableError,
 )
 from .frame import (
+    EarlierFold,
     fingerprint,
     frame_info,
-    is_summary,
     notice_message,
     summary_body,
     summary_message,
@@ -48,6 +46,7 @@ from .messages import (
     ImageBlock,
     Message,
     RedactedThinkingBlock,
+    SummaryMark,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -89,7 +88,6 @@ from .window import (
 __all__ = [
     "DEFAULT_MODEL",
     "LAYERS",
-    "AnthropicSummarizer",
     "Block",
     "Calibration",
     "CompactResult",
@@ -98,6 +96,7 @@ __all__ = [
     "Conversation",
     "DiscardedOriginalsError",
     "DocumentBlock",
+    "EarlierFold",
     "ExtractiveSummarizer",
     "FoldEdit",
     "FoldPolicy",
@@ -125,6 +124,7 @@ __all__ = [
     "SummarizerError",
     "SummarizerUsage",
     "Summary",
+    "SummaryMark",
     "TextBlock",
     "ThinkingBlock",
     "TokenCounter",
@@ -151,7 +151,6 @@ __all__ = [
     "from_openai",
     "group_turns",
     "is_context_overflow",
-    "is_summary",
     "items_from_messages",
     "load_conversation",
     "load_conversation_file",
@@ -168,15 +167,3 @@ __all__ = [
     "window_messages",
 ]
 
-
-if TYPE_CHECKING:
-    from .anthropic_summarizer import AnthropicSummarizer
-
-
-def __getattr__(name: str) -> Any:
-    # The anthropic SDK takes over a second to import: only those who use it pay for it.
-    if name == "AnthropicSummarizer":
-        from .anthropic_summarizer import AnthropicSummarizer
-
-        return AnthropicSummarizer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

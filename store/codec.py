@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import pydantic_core
 from pydantic import BaseModel
 from sessionfold.core.messages import (
     BLOCK_TYPES,
@@ -31,10 +32,26 @@ from sessionfold.core.window import Edit, ItemKind, WindowItem
 
 __all__ = [
     "decode_item",
+    "decode_json",
     "decode_message",
     "encode_message",
     "messages_digest",
+    "tool_use_id_digest",
 ]
+
+def decode_json(text: str | bytes) -> Any:
+    """Decode a stored JSON document: pydantic-core's parser, the standard library's on failure.
+
+    pydantic-core is about twice as fast on window-sized documents but stops near 200 levels of
+    nesting. Append refuses anything nested past ``MAX_NESTING_DEPTH`` (far below that), but rows
+    written before that limit existed may be deeper: the standard parser (limited only by the
+    recursion limit) still reads them, so nothing an earlier version accepted becomes unreadable.
+    """
+    try:
+        return pydantic_core.from_json(text)
+    except ValueError:
+        return json.loads(text)
+
 
 _PARTS: dict[str, Any] = {"text": TextBlock, "image": ImageBlock, "document": DocumentBlock}
 
@@ -66,6 +83,14 @@ def messages_digest(encoded: Iterable[Mapping[str, Any]]) -> str:
                             separators=(",", ":")).encode())
         h.update(b"\x1e")
     return h.hexdigest()
+
+
+def tool_use_id_digest(tool_use_id: str) -> str:
+    """The key a tool_use id is stored under in ``tool_use_ids`` (32 hex characters).
+
+    Migration 0004 computes the same digest for the ids already stored: never change it.
+    """
+    return hashlib.blake2b(tool_use_id.encode("utf-8"), digest_size=16).hexdigest()
 
 
 class _Trusted:

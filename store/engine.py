@@ -13,53 +13,56 @@ Two backends:
 - **PostgreSQL** through psycopg 3 (``postgresql+psycopg://``). ``postgres://`` and
   ``postgresql://`` URLs are accepted and mapped to the psycopg driver.
 
-``DATABASE_URL`` picks the backend at the entry point (:func:`database_url`); absent, a SQLite file
-``./.sessionfold/sessionfold.db`` under the working folder, made absolute so that a worker that
+The store never reads the environment: the URL is an argument. Which URL a process uses is
+decided from its settings at the entry point (``DATABASE_URL``, else the SQLite file
+``sessionfold.db`` in the data dir: :attr:`sessionfold.workers.settings.Settings.store_url`,
+built with :func:`default_sqlite_url`). The file's path is made absolute, so that a worker that
 forks or changes directory still opens the same file.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pydantic_core
 import sqlalchemy as sa
 from sessionfold.core.errors import InvalidInputError
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
+from .codec import decode_json
+
 __all__ = [
     "DEFAULT_SQLITE_PATH",
     "WRITE_OPTION",
     "create_store_engine",
-    "database_url",
     "default_sqlite_url",
     "is_sqlite",
     "normalize_url",
 ]
 
-#: Relative to the working folder; made absolute when the URL is built.
-DEFAULT_SQLITE_PATH = Path(".sessionfold") / "sessionfold.db"
+#: The data dir when none is given: relative to the working folder, made absolute when the URL
+#: is built (the settings' default too, ``SESSIONFOLD_DATA_DIR`` unset).
+DEFAULT_DATA_DIR = Path(".sessionfold")
+#: The embedded store's file name inside the data dir.
+SQLITE_FILE_NAME = "sessionfold.db"
+DEFAULT_SQLITE_PATH = DEFAULT_DATA_DIR / SQLITE_FILE_NAME
 #: Execution option marking a connection whose next transaction writes (``BEGIN IMMEDIATE``).
 WRITE_OPTION = "sessionfold_write"
 #: How long a SQLite writer waits for the write lock before giving up (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def default_sqlite_url() -> str:
-    """The embedded default: ``./.sessionfold/sessionfold.db`` in the working folder, absolute."""
-    return f"sqlite:///{(Path.cwd() / DEFAULT_SQLITE_PATH).resolve()}"
+def default_sqlite_url(data_dir: str | Path = DEFAULT_DATA_DIR) -> str:
+    """The embedded store of ``data_dir``: ``<data dir>/sessionfold.db``, absolute.
 
-
-def database_url(environ: Mapping[str, str] | None = None) -> str:
-    """``DATABASE_URL`` from the environment (read at an entry point), else the default file."""
-    env = os.environ if environ is None else environ
-    return env.get("DATABASE_URL", "").strip() or default_sqlite_url()
+    The settings pass their ``data_dir`` (``SESSIONFOLD_DATA_DIR``, else ``./.sessionfold``), so
+    an agent, a worker and ``sessionfold migrate`` started with the same environment in the same
+    folder open the same file. Without an argument: ``./.sessionfold`` in the working folder.
+    """
+    return f"sqlite:///{(Path.cwd() / Path(data_dir).expanduser() / SQLITE_FILE_NAME).resolve()}"
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -99,13 +102,18 @@ def create_store_engine(url: str | URL, *, echo: bool = False, pool_size: int = 
     """An engine for ``url`` with the backend's concurrency settings applied (see module doc).
 
     JSON columns decode with pydantic-core's parser (about twice as fast as ``json.loads`` on
-    window-sized payloads: reading a window is the hot path of every app server).
+    window-sized payloads: reading a window is the hot path of every app server), falling back
+    to the standard library's for documents nested too deep for it (:func:`.codec.decode_json`).
+
+    ``hide_parameters``: an error (and ``echo``) shows a statement's shape, never its values;
+    they hold session ids and message content, and workers log store errors with tracebacks.
     """
     parsed = normalize_url(url)
     common: dict[str, Any] = {
         "echo": echo,
+        "hide_parameters": True,
         "json_serializer": _json_dumps,
-        "json_deserializer": pydantic_core.from_json,
+        "json_deserializer": decode_json,
     }
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""

@@ -3,7 +3,8 @@
 The export's shape is fixed::
 
     {"session", "system", "policy", "revision",
-     "ledger": [{"seq", "message"}],                       # message null once discarded
+     "ledger": [{"seq", "origin", "message"}],             # message null once discarded;
+                                                           # origin "agent" or "recall"
      "window": [{"start_seq", "end_seq", "kind", "message"}],
      "spans": [...], "records": [...]}
 
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from sessionfold.core.messages import Message, ToolResultBlock, ToolUseBlock
 from sqlalchemy.engine import Connection
 
-from .folds import read_records, read_spans
+from .fold_commit import read_records, read_spans
 from .results import SessionInfo, StoredSpan, Window
 from .schema import ledger, window_items
 from .sessions import load_session, session_info
@@ -29,7 +30,8 @@ __all__ = ["export_session", "render_inspect"]
 def export_session(conn: Connection, sid: str) -> dict[str, Any]:
     info = session_info(load_session(conn, sid))
     ledger_rows = conn.execute(
-        sa.select(ledger.c.seq, ledger.c.message).where(ledger.c.session_id == sid)
+        sa.select(ledger.c.seq, ledger.c.origin, ledger.c.message)
+        .where(ledger.c.session_id == sid)
         .order_by(ledger.c.seq)).all()
     window_rows = conn.execute(
         sa.select(window_items.c.start_seq, window_items.c.end_seq, window_items.c.kind,
@@ -40,7 +42,8 @@ def export_session(conn: Connection, sid: str) -> dict[str, Any]:
         "system": info.system,
         "policy": info.policy.to_json(),
         "revision": info.revision,
-        "ledger": [{"seq": r.seq, "message": r.message} for r in ledger_rows],
+        "ledger": [{"seq": r.seq, "origin": r.origin, "message": r.message}
+                   for r in ledger_rows],
         "window": [{"start_seq": r.start_seq, "end_seq": r.end_seq, "kind": r.kind,
                     "message": r.message} for r in window_rows],
         "spans": [s.model_dump(mode="json") for s in read_spans(conn, sid)],
@@ -93,9 +96,12 @@ def render_inspect(info: SessionInfo, window: Window, spans: list[StoredSpan], *
     for item in window.items:
         where = _seq_range(item.start_seq, item.end_seq)
         tokens = f"{item.tokens or 0:,} tok"
-        if item.kind == "message":
+        if item.kind in ("message", "recall"):
             edits = f" [{', '.join(item.edits)}]" if item.edits else ""
-            head = f"  {where:<12} {item.message.role:<9} {tokens:>10}{edits}  "
+            # A recall exchange (the client answering the model from the ledger) is marked, so
+            # it is not read as the agent's own conversation.
+            who = item.message.role if item.kind == "message" else f"recall:{item.message.role}"
+            head = f"  {where:<12} {who:<9} {tokens:>10}{edits}  "
             body = (_preview(item.message, 10_000) if full
                     else _preview(item.message, max(20, width - len(head))))
             lines.append(head + body)

@@ -2,10 +2,16 @@
 
 An append goes in two steps. :func:`prepare_append` does everything that needs no lock: it
 validates the messages (a malformed message raises before anything is written), strips
-``cache_control`` and counts tokens (tiktoken on a 400 k-token tool output takes a while: not
-while holding the session's write lock). :func:`append_prepared` then, in one transaction under
-the session row lock, checks the caller's idempotency key and the tool pairing against the ledger
-tail, and writes the ledger rows, the window items at the tail, and the session's new sizes.
+``cache_control``, counts tokens and derives the search index's chunks (tiktoken and the index
+words of a 400 k-token tool output take a while: not while holding the session's write lock).
+:func:`append_prepared` then, in one transaction under the session row lock, checks the caller's
+idempotency key and the tool pairing against the ledger tail, and writes the ledger rows, their
+search chunks (:mod:`.search`), the window items at the tail, and the session's new sizes.
+
+A recall exchange (``recall=True``: the client asked the ledger on the agent's behalf) is
+written with ``origin='recall'`` and window items of kind ``"recall"``, and is not indexed (it
+repeats what the ledger holds). Its key's digest covers the origin too: the same key for the
+same messages appended as the other origin is refused like other messages.
 """
 
 from __future__ import annotations
@@ -23,35 +29,57 @@ from sessionfold.core.errors import (
     ToolPairingError,
 )
 from sessionfold.core.layers import clip_oversized
-from sessionfold.core.messages import Message, ToolUseBlock, check_tool_pairing, parse_message
+from sessionfold.core.messages import (
+    Message,
+    ToolUseBlock,
+    check_tool_pairing,
+    find_lone_surrogate,
+    parse_message,
+)
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.searchtext import SearchChunk
 from sessionfold.core.tokens import Calibration, TokenCounter
-from sessionfold.core.window import WindowItem
+from sessionfold.core.window import ItemKind, WindowItem
 from sqlalchemy.engine import Connection
 
-from .codec import decode_message, encode_message, messages_digest
-from .results import AppendResult, LedgerEntry
-from .schema import append_keys, ledger, sessions, window_items
+from .codec import decode_message, encode_message, messages_digest, tool_use_id_digest
+from .notify import notify_window_change
+from .results import AppendResult, LedgerEntry, Origin
+from .schema import append_keys, ledger, sessions, tool_use_ids, window_items
+from .search import chunk_rows, derive_chunks, insert_chunks
 from .sessions import current_tokens, load_session, lock_session
 
 __all__ = ["PreparedAppend", "append_prepared", "prepare_append", "read_ledger", "recover"]
 
 MAX_KEY_LEN = 255
+#: Tool ids looked up per statement (an imported transcript may append hundreds of calls at
+#: once; SQLite caps the parameters of one statement).
+_LOOKUP_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedAppend:
-    """Validated messages in stored form, with their token estimates and digest."""
+    """Validated messages in stored form, with their token estimates, digest and search chunks
+    (per message, numbered from 0: the first seq is added under the lock; None: not indexed)."""
 
     messages: list[Message]
     encoded: list[dict[str, Any]]
     tokens: list[int]
     digest: str
+    origin: Origin = "agent"
+    chunks: list[list[SearchChunk]] | None = None
 
 
-def prepare_append(raw: object, counter: TokenCounter) -> PreparedAppend:
-    """Validate and encode an append's messages (no database access)."""
-    if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Sequence):
+def prepare_append(raw: object, counter: TokenCounter, *, recall: bool = False) -> PreparedAppend:
+    """Validate and encode an append's messages and derive their search chunks (no database
+    access). ``recall``: a recall exchange (not indexed)."""
+    if not isinstance(recall, bool):
+        raise InvalidInputError(f"recall must be True or False, got {recall!r}")
+    if isinstance(raw, Mapping):
+        what = "one message (an object)" if "role" in raw else "an object"
+        raise InvalidMessageError(f"messages must be a list of messages; got {what}: pass "
+                                  "[message] for one")
+    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
         raise InvalidMessageError(
             f"messages must be a list of messages, got {type(raw).__name__}")
     if not raw:
@@ -62,20 +90,30 @@ def prepare_append(raw: object, counter: TokenCounter) -> PreparedAppend:
         check_tool_pairing(parsed[1:], first_index=1, previous=parsed[0])
     encoded = [encode_message(m) for m in parsed]
     stored = [decode_message(e) for e in encoded]
+    # An agent append keeps the digest it always had (keys written before recall still match).
+    digest = messages_digest([{"origin": "recall"}, *encoded] if recall else encoded)
     return PreparedAppend(
         messages=stored,
         encoded=encoded,
         tokens=[counter.message(m) for m in stored],
-        digest=messages_digest(encoded),
+        digest=digest,
+        origin="recall" if recall else "agent",
+        # Derived from the stored form, as a reindex derives them from the ledger row.
+        chunks=None if recall else derive_chunks(stored),
     )
 
 
 def check_key(key: object) -> str | None:
+    """An append key is 1 to 255 characters of valid Unicode without control characters (NUL
+    among them, which PostgreSQL text cannot hold)."""
     if key is None:
         return None
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LEN:
         raise InvalidInputError(
             f"an append key must be a string of 1 to {MAX_KEY_LEN} characters, got {key!r:.80}")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key) or find_lone_surrogate(key) is not None:
+        raise InvalidInputError(f"an append key must be valid Unicode without control "
+                                f"characters, got {key!r:.80}")
     return key
 
 
@@ -103,14 +141,48 @@ def _check_tail_pairing(messages: Sequence[Message], open_ids: Sequence[str],
 
 
 def _window_item(seq: int, message: Message, tokens: int, policy: FoldPolicy,
-                 counter: TokenCounter) -> WindowItem:
-    item = WindowItem.model_construct(start_seq=seq, end_seq=seq, kind="message",
+                 counter: TokenCounter, kind: ItemKind = "message") -> WindowItem:
+    item = WindowItem.model_construct(start_seq=seq, end_seq=seq, kind=kind,
                                       message=message, edits=(), version=0, tokens=tokens)
     # A tool result can only be oversized if the whole message is near the limit: skip the
     # per-block check for the (vast) majority of messages.
     if tokens > policy.max_item_tokens * 9 // 10:
         item = clip_oversized(item, seq, policy.max_item_tokens, counter)
     return item
+
+
+def _new_tool_use_ids(conn: Connection, sid: str, messages: Sequence[Message],
+                      first_seq: int) -> list[dict[str, Any]]:
+    """The ``tool_use_ids`` rows of an append; ToolPairingError if one of its ids is in the
+    ledger already (the batch itself was checked by :func:`check_tool_pairing`).
+
+    The Messages API refuses a request that repeats a tool_use id, and a fold keeps tool calls
+    in the window for turns, so the id must be new to the whole ledger, not only its tail. Run
+    under the session lock: no other append can take the id between the lookup and the insert.
+    """
+    found: dict[str, tuple[int, int, int]] = {}  # digest -> (batch index, block position, seq)
+    for offset, message in enumerate(messages):
+        for pos, block in enumerate(message.blocks()):
+            if isinstance(block, ToolUseBlock):
+                found[tool_use_id_digest(block.id)] = (offset, pos, first_seq + offset)
+    if not found:
+        return []
+    digests = list(found)
+    used = [row for start in range(0, len(digests), _LOOKUP_CHUNK)
+            for row in conn.execute(sa.select(tool_use_ids.c.id_digest, tool_use_ids.c.seq).where(
+                tool_use_ids.c.session_id == sid,
+                tool_use_ids.c.id_digest.in_(digests[start:start + _LOOKUP_CHUNK])))]
+    if used:
+        first = min(used, key=lambda r: found[r.id_digest][:2])
+        index, pos, _ = found[first.id_digest]
+        block = messages[index].blocks()[pos]
+        assert isinstance(block, ToolUseBlock)
+        raise ToolPairingError(
+            f"tool_use id {block.id!r} was used before in session {sid!r} (ledger "
+            f"#{first.seq}); tool_use ids must be unique in a conversation",
+            index=index, field=f"content[{pos}].id")
+    return [{"session_id": sid, "id_digest": digest, "seq": seq}
+            for digest, (_, _, seq) in found.items()]
 
 
 def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: str | None, *,
@@ -124,29 +196,37 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
             if hit.digest != prepared.digest:
                 raise InvalidInputError(
                     f"append key {key!r} of session {sid!r} was used before for other messages "
-                    f"(seqs {hit.first_seq}–{hit.last_seq}); a retry must send the same messages")
+                    f"(seqs {hit.first_seq}–{hit.last_seq}); a retry must send the same messages "
+                    "as the same origin (agent or recall)")
             return AppendResult(hit.first_seq, hit.last_seq, hit.revision, duplicate=True)
 
     _check_tail_pairing(prepared.messages, row.tail_tool_use_ids, row.next_seq)
-    policy = FoldPolicy.from_json(row.policy)
     first_seq: int = row.next_seq
+    new_ids = _new_tool_use_ids(conn, sid, prepared.messages, first_seq)
+    policy = FoldPolicy.from_json(row.policy)
     revision: int = row.revision + 1
+    kind: ItemKind = "recall" if prepared.origin == "recall" else "message"
     ledger_rows: list[dict[str, Any]] = []
     item_rows: list[dict[str, Any]] = []
     for offset, (message, encoded, tokens) in enumerate(
             zip(prepared.messages, prepared.encoded, prepared.tokens, strict=True)):
         seq = first_seq + offset
-        item = _window_item(seq, message, tokens, policy, counter)
+        item = _window_item(seq, message, tokens, policy, counter, kind)
         ledger_rows.append({"session_id": sid, "seq": seq, "message": encoded,
-                            "tokens": tokens, "appended_at": now, "discarded_at": None})
+                            "tokens": tokens, "appended_at": now, "discarded_at": None,
+                            "origin": prepared.origin})
         item_rows.append({
-            "session_id": sid, "start_seq": seq, "end_seq": seq, "kind": "message",
+            "session_id": sid, "start_seq": seq, "end_seq": seq, "kind": kind,
             "message": encoded if item.message is message else encode_message(item.message),
             "edits": list(item.edits), "version": revision,
             "tokens": item.tokens if item.tokens is not None else tokens,
         })
     conn.execute(ledger.insert(), ledger_rows)
     conn.execute(window_items.insert(), item_rows)
+    if prepared.chunks is not None:
+        insert_chunks(conn, chunk_rows(sid, first_seq, prepared.chunks))
+    if new_ids:
+        conn.execute(tool_use_ids.insert(), new_ids)
     last_seq = first_seq + len(ledger_rows) - 1
     if key is not None:
         conn.execute(append_keys.insert().values(
@@ -156,19 +236,24 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
     added = sum(r["tokens"] for r in item_rows)
     window_tokens = row.window_tokens + added
     pending = row.pending_tokens + added
+    current = current_tokens(
+        measured_tokens=row.measured_tokens, pending_tokens=pending,
+        system_tokens=row.system_tokens, window_tokens=window_tokens,
+        calibration=Calibration.model_validate(row.calibration))
     conn.execute(sessions.update().where(sessions.c.id == sid).values(
         next_seq=last_seq + 1,
         revision=revision,
         tail_tool_use_ids=prepared.messages[-1].tool_use_ids(),
         window_tokens=window_tokens,
         pending_tokens=pending,
-        current_tokens=current_tokens(
-            measured_tokens=row.measured_tokens, pending_tokens=pending,
-            system_tokens=row.system_tokens, window_tokens=window_tokens,
-            calibration=Calibration.model_validate(row.calibration)),
+        current_tokens=current,
         updated_at=now,
     ))
-    return AppendResult(first_seq, last_seq, revision)
+    notify_window_change(conn, sid, row.incarnation, revision, "append")
+    crossed = (not row.paused and not policy.over_trigger(row.current_tokens)
+               and policy.over_trigger(current))
+    return AppendResult(first_seq, last_seq, revision, current_tokens=current,
+                        crossed_trigger=crossed)
 
 
 def _check_seq(name: str, value: object) -> int:
@@ -182,7 +267,7 @@ def read_ledger(conn: Connection, sid: str, start: int = 0,
     """Ledger rows with ``start <= seq < end`` (``end=None``: to the tail), in seq order."""
     _check_seq("start", start)
     query = (sa.select(ledger.c.seq, ledger.c.message, ledger.c.tokens, ledger.c.appended_at,
-                       ledger.c.discarded_at)
+                       ledger.c.discarded_at, ledger.c.origin)
              .where(ledger.c.session_id == sid, ledger.c.seq >= start)
              .order_by(ledger.c.seq))
     if end is not None:
@@ -192,7 +277,8 @@ def read_ledger(conn: Connection, sid: str, start: int = 0,
         load_session(conn, sid)  # SessionNotFoundError when there is no such session
     return [LedgerEntry(seq=r.seq,
                         message=decode_message(r.message) if r.message is not None else None,
-                        tokens=r.tokens, appended_at=r.appended_at, discarded_at=r.discarded_at)
+                        tokens=r.tokens, appended_at=r.appended_at, discarded_at=r.discarded_at,
+                        origin=r.origin)
             for r in rows]
 
 

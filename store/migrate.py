@@ -16,11 +16,15 @@ from alembic.script import ScriptDirectory
 from sessionfold.core.errors import SchemaError
 from sqlalchemy.engine import Connection, Engine
 
+from .engine import WRITE_OPTION, is_sqlite
 from .schema import SCHEMA_REVISION, VERSION_TABLE
 
 __all__ = ["alembic_config", "check_schema", "current_revision", "head_revision", "upgrade"]
 
 SCRIPT_LOCATION = "sessionfold.store:migrations"
+#: PostgreSQL advisory lock key of sessionfold's migrations (a fixed 63-bit number, so another
+#: application's advisory locks in the same database are unlikely to collide with it).
+MIGRATION_LOCK_KEY = 0x5E55_10F0_1D00_0001
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -54,14 +58,39 @@ def current_revision(connection: Connection) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> str:
-    """Apply every pending migration in one transaction; return the revision reached."""
+    """Apply every pending migration in one transaction; return the revision reached.
+
+    Any number of processes may call this at once (every agent process migrates the embedded
+    SQLite file on start): the transaction takes the migration lock before it reads the schema
+    version, so the first one migrates and the others, once it committed, find nothing to do.
+    """
     with engine.connect() as conn:
+        _begin_locked(conn)
+        # Alembic runs inside the transaction begun here (it begins none of its own).
         command.upgrade(alembic_config(conn), revision)
         conn.commit()
         reached = current_revision(conn)
         conn.rollback()
     assert reached is not None
     return reached
+
+
+def _begin_locked(conn: Connection) -> None:
+    """Begin the migration's transaction holding the database's migration lock.
+
+    SQLite: ``BEGIN IMMEDIATE``, the write lock taken up front. A deferred transaction reads the
+    version table, then fails at its first write with ``database is locked`` when another
+    process got there first: SQLite cannot upgrade a read lock while another writer holds
+    the reserved lock, so the busy timeout never applies. Taken up front, the lock is waited
+    for (busy timeout). PostgreSQL: a transaction-scoped advisory lock, released by the
+    commit; without it concurrent ``CREATE TABLE`` statements collide in the catalog.
+    """
+    if is_sqlite(conn):
+        conn.execution_options(**{WRITE_OPTION: True})
+        conn.begin()
+        return
+    conn.begin()
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
 
 
 def check_schema(connection: Connection) -> str:

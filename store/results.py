@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -9,6 +10,7 @@ from typing import Any, Literal
 
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.searchtext import Match
 from sessionfold.core.tokens import Calibration
 from sessionfold.core.window import CompactionRecord, FoldedSpan, WindowItem
 
@@ -18,7 +20,12 @@ __all__ = [
     "ClaimStatus",
     "CommitResult",
     "DeadLetter",
+    "FoldContext",
+    "GaveUp",
     "LedgerEntry",
+    "Origin",
+    "PruneReport",
+    "SearchHit",
     "SessionInfo",
     "StoredRecord",
     "StoredSpan",
@@ -57,34 +64,61 @@ class SessionInfo:
     last_visit_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    #: Random per created session: an id deleted and created again names another incarnation.
+    incarnation: int
     #: Claims in a row taken over from a holder that never finished (worker lost mid-fold);
     #: 0 again after a finished visit, a committed fold, or a resume.
     abandoned_folds: int = 0
 
     @property
+    def over_trigger(self) -> bool:
+        """Not paused and past its trigger: a background fold is due
+        (:meth:`FoldPolicy.over_trigger`)."""
+        return not self.paused and self.policy.over_trigger(self.current_tokens)
+
+    @property
     def over_budget(self) -> bool:
-        return not self.paused and self.current_tokens > self.trigger_tokens
+        """Deprecated name of :attr:`over_trigger` (it never meant past the budget); goes away
+        in the next release."""
+        warnings.warn("SessionInfo.over_budget is deprecated: it says whether the session is "
+                      "over its trigger; read over_trigger", DeprecationWarning, stacklevel=2)
+        return self.over_trigger
 
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """The seqs an append wrote (or, for a retried key, had written: ``duplicate=True``)."""
+    """The seqs an append wrote (or, for a retried key, had written: ``duplicate=True``).
+
+    ``current_tokens``: the session's size after the append (the trigger's measure; None for a
+    duplicate, which wrote nothing). ``crossed_trigger``: this append took a session that is not
+    paused from at or under its trigger to past it, so a background fold is due now (the client
+    nudges the scheduler rather than wait for the next usage report).
+    """
 
     first_seq: int
     last_seq: int
     revision: int
     duplicate: bool = False
+    current_tokens: int | None = None
+    crossed_trigger: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class UsageReport:
-    """One provider usage report, for :meth:`SessionStore.record_usage_batch`."""
+    """One provider usage report, for :meth:`SessionStore.record_usage_batch`.
+
+    ``usage`` is the provider's usage object (or dict); the store reads the prompt size from it
+    with :func:`~sessionfold.core.tokens.reported_prompt_tokens`. A caller that already read it
+    (the scheduler: a usage event carries the counts) passes ``prompt_tokens`` instead, and
+    ``usage`` is not read.
+    """
 
     session_id: str
     usage: Any
     seq: int
     revision: int
     model: str | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +147,11 @@ class Window:
         return sum(item.tokens or 0 for item in self.items)
 
 
+#: Who a ledger row comes from: the agent's own conversation, or a recall exchange the client
+#: made with the ledger on the agent's behalf (not indexed, first to go in a fold).
+Origin = Literal["agent", "recall"]
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """One ledger row. ``message`` is None once discarded under ``retain="discard"``."""
@@ -122,6 +161,31 @@ class LedgerEntry:
     tokens: int
     appended_at: datetime
     discarded_at: datetime | None = None
+    origin: Origin = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One chunk a ledger search found (:meth:`SessionStore.search`).
+
+    ``excerpt`` is the chunk's text: at most ``core.searchtext.CHUNK_CHARS`` characters of
+    ledger message ``seq``'s searchable text, starting at character ``offset`` of it (NUL
+    shown as U+FFFD). ``rank`` orders hits within a tier, higher first (FTS5 ``-bm25`` on
+    SQLite, ``ts_rank_cd`` on PostgreSQL: comparable within one backend only). ``tier`` is the
+    match mode that found it (``exact``, ``all``; ``any-exact`` and ``any`` when the search
+    fell back to any of the query's words).
+    """
+
+    seq: int
+    offset: int
+    excerpt: str
+    rank: float
+    tier: Match
+
+    @property
+    def fallback(self) -> bool:
+        """Found by a fallback tier: it holds some of the query's words, not all."""
+        return self.tier.startswith("any")
 
 
 class StoredSpan(FoldedSpan):
@@ -155,11 +219,11 @@ ClaimStatus = Literal["claimed", "already-committed", "newer-claim", "abandoned"
 class Claim:
     """The answer to :meth:`SessionStore.claim`.
 
-    ``claimed``: go ahead, commit with ``epoch``. ``already-committed``: this job's visit is
-    already written (a redelivery), stop. ``newer-claim``: another claim is live or came after
-    the job was enqueued, stop before paying for a summary. ``abandoned``: the session's folds
-    were abandoned ``abandoned_folds`` times in a row (at least the caller's
-    ``max_abandoned``), stop and give the session up.
+    ``claimed``: go ahead, commit with ``epoch`` and ``incarnation``. ``already-committed``:
+    this job's visit is already written (a redelivery), stop. ``newer-claim``: another claim is
+    live or came after the job was enqueued, stop before paying for a summary. ``abandoned``:
+    the session's folds were abandoned ``abandoned_folds`` times in a row (at least the
+    caller's ``max_abandoned``), stop and give the session up.
     """
 
     status: ClaimStatus
@@ -167,6 +231,9 @@ class Claim:
     job_id: str
     epoch: int
     revision: int
+    #: The session's incarnation (random per created session): epochs and revisions restart
+    #: when an id is deleted and created again, so a commit names both.
+    incarnation: int
     #: The job holding the session's claim after this call (None when nobody does).
     holder: str | None = None
     expires_at: datetime | None = None
@@ -194,6 +261,17 @@ class CommitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class GaveUp:
+    """What :meth:`SessionStore.give_up` wrote, in one transaction: the dead letter, the visit's
+    refusal record (``record``, as written) and, when asked, the pause."""
+
+    dead_letter_id: int
+    record_id: int
+    record: CompactionRecord
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A fold job given up on, kept for an operator."""
 
@@ -204,3 +282,42 @@ class DeadLetter:
     attempts: int
     payload: Mapping[str, Any]
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FoldContext:
+    """What a fold needs, read in the transaction that claims the session
+    (:meth:`SessionStore.begin_fold`).
+
+    ``claim`` answers whether the visit may go on. When it holds (``claim.claimed``), the rest
+    is the state the claim saw: the ``window`` to plan on, the ``session`` (policy, sizes,
+    calibration, pause) and the fingerprints of spans refused before (``latched``: not to be
+    sent to the summarizer again). When it does not, they are empty: the visit stops there.
+    """
+
+    claim: Claim
+    window: Window | None = None
+    session: SessionInfo | None = None
+    latched: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What :meth:`SessionStore.prune` deleted (with ``dry_run``: would delete), per table.
+
+    ``batches``: the transactions it took. ``complete``: False when ``max_batches`` stopped it
+    first; then pass ``resume`` back (a cursor: the step it stopped in, and in the visit
+    records the last session done) to carry on where it stopped. None once complete.
+    """
+
+    append_keys: int
+    visit_records: int
+    dead_letters: int
+    batches: int
+    dry_run: bool
+    complete: bool
+    resume: str | None = None
+
+    @property
+    def total(self) -> int:
+        return self.append_keys + self.visit_records + self.dead_letters

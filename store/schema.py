@@ -8,9 +8,14 @@
     window_items      (session_id, start_seq) → item of the window, with a version for the CAS
     folds             one row per folded span, unique on (session_id, start_seq, end_seq)
     compaction_records  one row per over-budget visit, whatever its outcome
-    append_keys       (session_id, key) → the seqs a keyed append wrote (idempotent retries)
+    append_keys       (session_id, key) → the seqs a keyed append wrote (idempotent retries,
+                      for as long as the retention rule keeps the key: see pruning.py)
+    tool_use_ids      (session_id, id digest) → the seq whose tool_use took that id (unique ids)
     refusal_latches   (session_id, fingerprint): spans refused before, not to be paid for again
-    dead_letters      fold jobs given up on, with their payload
+    dead_letters      fold jobs given up on, with their payload (deleted with their session)
+    ledger_chunks     (session_id, seq, offset) → a chunk of a ledger message's searchable text
+                      and its derived index words: the full-text index recall searches
+    api_keys          the HTTP API's bearer keys: key id → tenant, admin, SHA-256 digest, revoked
 
 ``SCHEMA_REVISION`` is the Alembic head this code runs against; the store refuses any other.
 The version table is ``sessionfold_schema_version`` (not Alembic's default name), so a database
@@ -29,18 +34,22 @@ __all__ = [
     "SCHEMA_REVISION",
     "VERSION_TABLE",
     "UTCDateTime",
+    "api_keys",
     "append_keys",
     "compaction_records",
     "dead_letters",
     "folds",
+    "is_declared",
     "ledger",
+    "ledger_chunks",
     "metadata",
     "refusal_latches",
     "sessions",
+    "tool_use_ids",
     "window_items",
 ]
 
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0007"
 VERSION_TABLE = "sessionfold_schema_version"
 
 
@@ -115,6 +124,12 @@ sessions = sa.Table(
     # Claims taken over from a holder that never finished (its worker died mid-fold), in a row;
     # a finished visit, a commit or a resume sets it back to 0 (see claims.py).
     sa.Column("abandoned_folds", sa.Integer, nullable=False, server_default="0"),
+    # The ledger may hold rows the search index has not seen (`sessionfold reindex` indexes
+    # them). The server default, True, is for rows written around this code: every session
+    # that existed before the index (migration 0005), or one loaded in bulk; the store writes
+    # False for a session it creates (appends index their rows as they write them).
+    sa.Column("search_pending", sa.Boolean, nullable=False, server_default=sa.text("true"),
+              default=False),
 )
 # The scheduler's sweep: "current_tokens > trigger_tokens and not paused", most over first. An
 # index on the difference makes it one index range scan on both backends.
@@ -135,6 +150,9 @@ ledger = sa.Table(
     sa.Column("tokens", sa.Integer, nullable=False),
     sa.Column("appended_at", UTCDateTime, nullable=False),
     sa.Column("discarded_at", UTCDateTime, nullable=True),
+    # 'agent' (the agent's own conversation) or 'recall' (an exchange the client made with the
+    # ledger for the agent: never indexed, first to go in a fold).
+    sa.Column("origin", sa.String(16), nullable=False, server_default="agent"),
 )
 
 window_items = sa.Table(
@@ -199,6 +217,12 @@ compaction_records = sa.Table(
 )
 sa.Index("ix_records_session", compaction_records.c.session_id, compaction_records.c.id)
 sa.Index("ix_records_session_job", compaction_records.c.session_id, compaction_records.c.job_id)
+# Retention (migration 0007): the records the count rule may prune are the no-op visits'; a
+# partial index over them alone answers "how many, how old" per session from the index, and
+# finds the newest N without stepping over the folds' records.
+_NOT_FOLDED = sa.text("outcome <> 'folded'")
+sa.Index("ix_records_visits", compaction_records.c.session_id, compaction_records.c.id,
+         compaction_records.c.created_at, sqlite_where=_NOT_FOLDED, postgresql_where=_NOT_FOLDED)
 
 append_keys = sa.Table(
     "append_keys",
@@ -212,6 +236,20 @@ append_keys = sa.Table(
     # Digest of the appended messages: the same key with other messages is an error.
     sa.Column("digest", sa.String(64), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
+)
+# Retention (migration 0007): keys older than the rule's age are deleted oldest first.
+sa.Index("ix_append_keys_created", append_keys.c.created_at)
+
+# Every tool_use id a session's ledger holds, so an append can refuse one used before (the
+# Messages API refuses a request that repeats an id) with one indexed lookup, never a scan of the
+# ledger. Keyed by a digest of the id: ids are free text of any length, a digest fits the key.
+tool_use_ids = sa.Table(
+    "tool_use_ids",
+    metadata,
+    sa.Column("session_id", SessionId, sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+              primary_key=True),
+    sa.Column("id_digest", sa.String(32), primary_key=True),
+    sa.Column("seq", sa.BigInteger, nullable=False),
 )
 
 refusal_latches = sa.Table(
@@ -230,7 +268,8 @@ dead_letters = sa.Table(
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
               autoincrement=True),
     sa.Column("job_id", sa.String(255), nullable=False),
-    # No foreign key: a dead letter outlives the session it was about.
+    # No foreign key: a job may be given up on after its session was deleted (the store's
+    # delete_session removes the session's letters, retention the ones written after it).
     sa.Column("session_id", SessionId, nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
@@ -238,3 +277,60 @@ dead_letters = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
 )
 sa.Index("ix_dead_letters_created", dead_letters.c.created_at)
+# delete_session removes a session's letters with it (migration 0007).
+sa.Index("ix_dead_letters_session", dead_letters.c.session_id)
+
+# The search index (migration 0005). Declared here as far as Core says it on both backends; the
+# rest is backend DDL in the migration, named in DECLARED_ELSEWHERE:
+#   PostgreSQL  tsv tsvector GENERATED ALWAYS AS (to_tsvector('simple', index_text)) STORED,
+#               GIN index ix_ledger_chunks_tsv on it;
+#   SQLite      ledger_chunks_fts: FTS5 (unicode61) over index_text, external content
+#               ledger_chunks (content_rowid id), and its shadow tables; triggers
+#               ledger_chunks_ai/_ad/_au keep it in step with every insert and delete (the
+#               delete command gets the values the row was indexed with).
+# Rows are never updated. ``text`` is the chunk's source text (NUL shown as U+FFFD: PostgreSQL
+# text cannot hold it), the excerpt a search answers with.
+ledger_chunks = sa.Table(
+    "ledger_chunks",
+    metadata,
+    # SQLite: INTEGER PRIMARY KEY is the rowid, which FTS5's external content needs.
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("session_id", SessionId, sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+              nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    # Where ``text`` starts in the message's searchable text (recall pages a huge one by it).
+    sa.Column("offset", sa.Integer, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("index_text", sa.Text, nullable=False),
+    # One row per chunk position: an append racing a reindex can never index a chunk twice.
+    sa.UniqueConstraint("session_id", "seq", "offset", name="uq_ledger_chunks_position"),
+)
+
+# The HTTP API's keys (sessionfold.service.auth makes and checks them). Only a digest of the
+# secret is kept; a revoked key's row stays, so a key id is never reused.
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_id", sa.String(32), primary_key=True),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    sa.Column("admin", sa.Boolean, nullable=False),
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("revoked_at", UTCDateTime, nullable=True),
+)
+sa.Index("ix_api_keys_tenant", api_keys.c.tenant)
+
+#: Schema objects the migrations create with backend DDL that the tables above do not declare.
+DECLARED_ELSEWHERE = frozenset({
+    "tsv", "ix_ledger_chunks_tsv",
+    "ledger_chunks_fts", "ledger_chunks_fts_data", "ledger_chunks_fts_idx",
+    "ledger_chunks_fts_docsize", "ledger_chunks_fts_config",
+})
+
+
+def is_declared(name: str | None, type_: str, parent_names: Any) -> bool:
+    """Alembic's ``include_name`` hook: False for the objects in :data:`DECLARED_ELSEWHERE`, so
+    comparing the database with :data:`metadata` (autogenerate, the schema test) neither
+    reports them missing here nor proposes to drop them."""
+    return name not in DECLARED_ELSEWHERE

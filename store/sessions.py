@@ -1,4 +1,4 @@
-"""Session rows: create, look up, lock, change policy, pause, list, find over budget, delete.
+"""Session rows: create, look up, lock, change policy, pause, list, find over trigger, delete.
 
 A session row carries everything a writer decides on (next seq, revision, fold fence, sizes), so
 every write transaction starts by locking it (:func:`lock_session`): appends, usage reports,
@@ -8,11 +8,13 @@ claims and fold commits of one session queue on that row lock, and nothing else 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
+from sessionfold.core.messages import find_lone_surrogate
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import Calibration, TokenCounter
 from sqlalchemy.engine import Connection, Row
@@ -21,10 +23,13 @@ from .results import SessionInfo
 from .schema import (
     append_keys,
     compaction_records,
+    dead_letters,
     folds,
     ledger,
+    ledger_chunks,
     refusal_latches,
     sessions,
+    tool_use_ids,
     window_items,
 )
 
@@ -36,7 +41,8 @@ __all__ = [
     "list_sessions",
     "load_session",
     "lock_session",
-    "over_budget",
+    "over_trigger",
+    "paused_over_budget",
     "session_info",
     "set_paused",
     "set_policy",
@@ -46,7 +52,8 @@ MAX_ID_LEN = 255
 
 
 def check_session_id(sid: object) -> str:
-    """A session id is a non-empty string of at most 255 characters without control chars."""
+    """A session id is a non-empty string of at most 255 characters without control chars,
+    in valid Unicode (a lone surrogate, which UTF-8 cannot encode, reaches no database)."""
     if not isinstance(sid, str):
         raise InvalidInputError(f"a session id must be a string, got {type(sid).__name__}")
     if not sid or len(sid) > MAX_ID_LEN:
@@ -54,6 +61,9 @@ def check_session_id(sid: object) -> str:
                                 f"got {len(sid)}")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in sid):
         raise InvalidInputError(f"a session id must not contain control characters: {sid!r}")
+    if find_lone_surrogate(sid) is not None:
+        raise InvalidInputError(f"a session id must be valid Unicode, without a lone surrogate: "
+                                f"{sid!r}")
     return sid
 
 
@@ -129,6 +139,7 @@ def session_info(row: Row[Any]) -> SessionInfo:
         last_visit_at=m["last_visit_at"],
         created_at=m["created_at"],
         updated_at=m["updated_at"],
+        incarnation=m["incarnation"],
         abandoned_folds=m["abandoned_folds"],
     )
 
@@ -158,12 +169,15 @@ def set_policy(conn: Connection, sid: str, policy: FoldPolicy, *, now: datetime)
         policy=policy.to_json(), trigger_tokens=policy.trigger_tokens, updated_at=now))
 
 
-def set_paused(conn: Connection, sid: str, paused: bool, *, now: datetime) -> None:
+def set_paused(conn: Connection, sid: str, paused: bool, *,
+               clock: Callable[[Connection], datetime]) -> None:
     """Pause or resume. Resuming also forgets abandoned claims: the operator asks for a new try
     (a session given up on for killing its workers gets ``max_abandoned`` fresh attempts). A
     claim left behind past its lease is ended too (and fenced by a new epoch), so it is not
-    counted as the first of the fresh attempts."""
+    counted as the first of the fresh attempts. ``clock`` is the lease clock (the database's,
+    see :mod:`.claims`)."""
     row = lock_session(conn, sid)
+    now = clock(conn)
     values: dict[str, Any] = {"paused": paused, "updated_at": now}
     if not paused:
         values["abandoned_folds"] = 0
@@ -175,35 +189,45 @@ def set_paused(conn: Connection, sid: str, paused: bool, *, now: datetime) -> No
 
 
 def delete_session(conn: Connection, sid: str) -> bool:
-    """Delete a session with everything it holds; False if there was none.
+    """Delete a session with everything it holds, its dead letters included; False if there
+    was none. No row of any table names the session afterwards (the store test enumerates the
+    schema's tables to hold every future table to this).
 
     The children are deleted explicitly (not only by ON DELETE CASCADE) so that a SQLite file
-    opened without ``PRAGMA foreign_keys`` by another tool cannot leave orphans behind.
+    opened without ``PRAGMA foreign_keys`` by another tool cannot leave orphans behind. Dead
+    letters have no foreign key (a job may give up after the delete: retention prunes those).
     """
     exists = conn.execute(
         sa.select(sessions.c.id).where(sessions.c.id == sid).with_for_update(key_share=True)
     ).first()
     if exists is None:
         return False
-    for table in (window_items, ledger, folds, compaction_records, append_keys,
-                  refusal_latches):
+    # ledger_chunks: on SQLite its delete trigger takes each row out of the FTS5 index.
+    for table in (window_items, ledger, ledger_chunks, folds, compaction_records, append_keys,
+                  refusal_latches, tool_use_ids, dead_letters):
         conn.execute(table.delete().where(table.c.session_id == sid))
     conn.execute(sessions.delete().where(sessions.c.id == sid))
     return True
 
 
-def list_sessions(conn: Connection, *, limit: int, after: str | None) -> list[SessionInfo]:
+def list_sessions(conn: Connection, *, limit: int, after: str | None,
+                  prefix: str | None = None) -> list[SessionInfo]:
     query = sa.select(sessions).order_by(sessions.c.id).limit(limit)
     if after is not None:
         query = query.where(sessions.c.id > after)
+    if prefix:
+        # autoescape: a "%" or "_" in the prefix is matched literally, not as a wildcard.
+        query = query.where(sessions.c.id.startswith(prefix, autoescape=True))
     return [session_info(row) for row in conn.execute(query)]
 
 
-def over_budget(conn: Connection, *, limit: int) -> list[SessionInfo]:
+def over_trigger(conn: Connection, *, limit: int) -> list[SessionInfo]:
     """Sessions whose current size passes their trigger, not paused, most over first.
 
-    The WHERE and ORDER BY use the very expression ``ix_sessions_over_budget`` indexes, so both
-    backends answer with one index range scan, however many sessions are under budget.
+    :meth:`FoldPolicy.over_trigger` (``current > trigger_tokens``) owns the rule; here it is said
+    in SQL on the stored ``trigger_tokens`` column (kept equal to the policy's), because the
+    WHERE and ORDER BY use the very expression ``ix_sessions_over_budget`` indexes: both backends
+    answer with one index range scan, however many sessions are under their trigger.
     """
     over = sessions.c.current_tokens - sessions.c.trigger_tokens
     query = (sa.select(sessions)
@@ -211,3 +235,26 @@ def over_budget(conn: Connection, *, limit: int) -> list[SessionInfo]:
              .order_by(over.desc())
              .limit(limit))
     return [session_info(row) for row in conn.execute(query)]
+
+
+def paused_over_budget(conn: Connection, *, limit: int) -> list[SessionInfo]:
+    """Paused sessions whose current size passes their whole budget, most over first.
+
+    A paused session is never folded in the background, so it grows with every turn its agent
+    sends; these are the ones already costing more than their budget on every call. Past the
+    budget implies past the trigger, so the WHERE narrows on the expression
+    ``ix_sessions_over_budget`` indexes (paused, current - trigger) and the budget, kept in the
+    policy document, is compared on the few rows found.
+    """
+    over = sessions.c.current_tokens - sessions.c.trigger_tokens
+    query = (sa.select(sessions)
+             .where(sessions.c.paused == sa.true(), over > 0)
+             .order_by(over.desc()))
+    found: list[SessionInfo] = []
+    for row in conn.execute(query):
+        info = session_info(row)
+        if info.policy.over_budget(info.current_tokens):
+            found.append(info)
+            if len(found) == limit:
+                break
+    return found

@@ -1,10 +1,12 @@
 """SessionStore: the one object the workers and the client use (see docs/internals.md, "store").
 
 Every method is one short transaction (a lost fold race writes its ``stale`` record in a second
-one). Work that needs no lock (validating messages, counting tokens, encoding a fold) happens
-before the transaction opens, so a session's write lock is held for SQL round trips only::
+one). A fold crosses into the store twice: :meth:`SessionStore.begin_fold` claims the session and
+reads what planning needs, :meth:`SessionStore.finish_fold` writes what the visit came to. Work that
+needs no lock (validating messages, counting tokens, encoding a fold) happens before the transaction
+opens, so a session's write lock is held for SQL round trips only::
 
-    store = SessionStore.from_url(None)         # DATABASE_URL's job is the entry point's
+    store = SessionStore.from_url(None)         # ./.sessionfold/sessionfold.db (see from_url)
     store.migrate()
     store.create_session("agent-7", FoldPolicy(budget_tokens=32_000), system="You are ...")
     store.append("agent-7", [{"role": "user", "content": "hello"}], key="turn-1")
@@ -13,8 +15,10 @@ before the transaction opens, so a session's write lock is held for SQL round tr
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, get_args
 
 from sessionfold.core.compact import FoldResult
 from sessionfold.core.errors import (
@@ -23,24 +27,44 @@ from sessionfold.core.errors import (
     StaleSpanError,
     StoreError,
 )
-from sessionfold.core.messages import Message
+from sessionfold.core.messages import Message, find_lone_surrogate
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import TokenCounter, default_counter
-from sessionfold.core.window import CompactionRecord
+from sessionfold.core.window import CompactionRecord, Trigger
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
-from . import claims, dead_letters, export, folds, ledger, sessions, usage, windows
+from . import (
+    api_keys,
+    claims,
+    dead_letters,
+    export,
+    fold_commit,
+    ledger,
+    notify,
+    pruning,
+    sessions,
+    usage,
+    windows,
+)
+from . import search as search_index
+from .api_keys import ApiKeyInfo
 from .cache import DEFAULT_ITEMS, ItemCache
-from .db import Clock, Database, utc_now
+from .db import Clock, Database
 from .engine import create_store_engine, default_sqlite_url, normalize_url
+from .give_up import give_up_locked
 from .migrate import check_schema, upgrade
+from .notify import WindowState
 from .results import (
     AppendResult,
     Claim,
     CommitResult,
     DeadLetter,
+    FoldContext,
+    GaveUp,
     LedgerEntry,
+    PruneReport,
+    SearchHit,
     SessionInfo,
     StoredRecord,
     StoredSpan,
@@ -59,17 +83,41 @@ def _check_limit(limit: object) -> int:
 
 
 def _check_system(system: object) -> str:
+    """A system prompt is text both backends store as given.
+
+    NUL is refused rather than escaped: PostgreSQL text cannot hold it (SQLite can), and a
+    prompt is written by the agent's developer, not captured from a tool, so a NUL in it is a
+    bug upstream; refusing keeps the backends alike without an encoding every reader of the
+    column would have to know. (Messages keep NUL: they are JSON, which escapes it.)
+    """
     if not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
+    if "\x00" in system:
+        raise InvalidInputError(f"system must not contain NUL (\\x00, at character "
+                                f"{system.index(chr(0))}); PostgreSQL text cannot hold it")
+    at = find_lone_surrogate(system)
+    if at is not None:
+        raise InvalidInputError(f"system holds a lone surrogate at character {at}; text must be "
+                                "valid Unicode (UTF-8 cannot encode it)")
     return system
+
+
+def _stale(sid: str, job_id: str | None, reason: str, what: str) -> StaleSpanError:
+    by = f" by job {job_id!r}" if job_id else ""
+    return StaleSpanError(f"{what} of session {sid!r}{by} is stale: {reason}; nothing of it was "
+                          "written but its stale record")
 
 
 class SessionStore:
     """Sessions, their ledgers and windows, folds and records, on SQLite or PostgreSQL."""
 
     def __init__(self, engine: Engine, *, counter: TokenCounter | None = None,
-                 clock: Clock = utc_now, item_cache: int = DEFAULT_ITEMS) -> None:
-        """``item_cache``: how many decoded window items to keep (0: decode every read)."""
+                 clock: Clock | None = None, item_cache: int = DEFAULT_ITEMS) -> None:
+        """``item_cache``: how many decoded window items to keep (0: decode every read).
+
+        ``clock``: None stamps rows with this host's clock and sets and compares leases on the
+        database's (see :mod:`.db`); a test may inject one clock for both, to move time.
+        """
         self.engine = engine
         self.counter = counter or default_counter()
         self.item_cache = ItemCache(item_cache)
@@ -77,9 +125,11 @@ class SessionStore:
 
     @classmethod
     def from_url(cls, url: str | URL | None, *, counter: TokenCounter | None = None,
-                 clock: Clock = utc_now, echo: bool = False,
+                 clock: Clock | None = None, echo: bool = False,
                  item_cache: int = DEFAULT_ITEMS) -> SessionStore:
-        """A store on ``url``; None means the SQLite file ``./.sessionfold/sessionfold.db``."""
+        """A store on ``url``; None means the SQLite file ``./.sessionfold/sessionfold.db`` in the
+        working folder, whatever the environment says: the store reads no settings. An entry
+        point passes the URL its settings name (``Settings.store_url``)."""
         if url is None:
             url = default_sqlite_url()
         return cls(create_store_engine(normalize_url(url), echo=echo), counter=counter,
@@ -157,31 +207,57 @@ class SessionStore:
         if not isinstance(paused, bool):
             raise InvalidInputError(f"paused must be True or False, got {paused!r}")
         with self._db.write() as conn:
-            sessions.set_paused(conn, sid, paused, now=self._db.now())
+            sessions.set_paused(conn, sid, paused, clock=self._db.lease_now)
 
     def delete_session(self, sid: str) -> bool:
         sid = sessions.check_session_id(sid)
         with self._db.write() as conn:
-            return sessions.delete_session(conn, sid)
+            deleted = sessions.delete_session(conn, sid)
+            if deleted:  # waiting readers (the HTTP API's long-polls) answer 404 at once
+                notify.notify_window_change(conn, sid, 0, 0, "delete")
+            return deleted
 
-    def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionInfo]:
+    def list_sessions(self, *, limit: int = 100, after: str | None = None,
+                      prefix: str | None = None) -> list[SessionInfo]:
+        """Sessions in id order, after the id ``after``; with ``prefix``, only ids that start
+        with it (the HTTP API lists one tenant's sessions so)."""
         limit = _check_limit(limit)
         with self._db.read() as conn:
-            return sessions.list_sessions(conn, limit=limit, after=after)
+            return sessions.list_sessions(conn, limit=limit, after=after, prefix=prefix)
+
+    def over_trigger(self, *, limit: int = 1000) -> list[SessionInfo]:
+        """Sessions past their trigger (a background fold is due), not paused, most over
+        first: what the scheduler's sweep re-finds when Redis lost their usage events."""
+        limit = _check_limit(limit)
+        with self._db.read() as conn:
+            return sessions.over_trigger(conn, limit=limit)
 
     def over_budget(self, *, limit: int = 1000) -> list[SessionInfo]:
+        """Deprecated name of :meth:`over_trigger` (it never meant past the budget); goes away
+        in the next release."""
+        warnings.warn("SessionStore.over_budget() is deprecated: it returns the sessions over "
+                      "their trigger; call over_trigger()", DeprecationWarning, stacklevel=2)
+        return self.over_trigger(limit=limit)
+
+    def paused_over_budget(self, *, limit: int = 1000) -> list[SessionInfo]:
+        """Paused sessions past their whole budget (no background fold brings them down)."""
         limit = _check_limit(limit)
         with self._db.read() as conn:
-            return sessions.over_budget(conn, limit=limit)
+            return sessions.paused_over_budget(conn, limit=limit)
 
     # --- ledger and window -----------------------------------------------------------------
 
     def append(self, sid: str, messages: Sequence[Message | Mapping[str, Any]], *,
-               key: str | None = None) -> AppendResult:
-        """Append messages to the ledger and the window tail; idempotent by ``key``."""
+               key: str | None = None, recall: bool = False) -> AppendResult:
+        """Append messages to the ledger and the window tail, and index them for search, in
+        one transaction; idempotent by ``key``.
+
+        ``recall=True``: a recall exchange the client made for the agent (ledger origin
+        ``'recall'``, window items of kind ``"recall"``, not indexed).
+        """
         sid = sessions.check_session_id(sid)
         key = ledger.check_key(key)
-        prepared = ledger.prepare_append(messages, self.counter)
+        prepared = ledger.prepare_append(messages, self.counter, recall=recall)
         with self._db.write() as conn:
             return ledger.append_prepared(conn, sid, prepared, key, now=self._db.now(),
                                           counter=self.counter)
@@ -192,11 +268,65 @@ class SessionStore:
         with self._db.read(snapshot=True) as conn:
             return windows.read_window(conn, sid, self.item_cache)
 
+    def window_states(self, sids: Sequence[str]) -> dict[str, WindowState]:
+        """Where each session's window stands (incarnation, revision, fold revision), for the
+        sessions of ``sids`` that exist, in one query per 500 ids: what a reader waiting on
+        many sessions polls where the database cannot notify it (see :mod:`.notify`)."""
+        checked = [sessions.check_session_id(sid) for sid in sids]
+        if not checked:
+            return {}
+        with self._db.read() as conn:
+            return notify.window_states(conn, checked)
+
+    def read_window_state(self, sid: str) -> tuple[Window, WindowState]:
+        """The window and its state (the incarnation tells a re-created id apart), read in
+        one snapshot: the pair an HTTP ETag is made of."""
+        sid = sessions.check_session_id(sid)
+        with self._db.read(snapshot=True) as conn:
+            window = windows.read_window(conn, sid, self.item_cache)
+            state = notify.window_states(conn, [sid]).get(sid)
+        if state is None:  # a snapshot cannot lose the row read_window found
+            raise SessionNotFoundError(f"no session {sid!r} in the store")
+        return window, state
+
     def read_ledger(self, sid: str, start: int = 0, end: int | None = None) -> list[LedgerEntry]:
         """Ledger entries ``start <= seq < end`` (``end=None``: to the tail)."""
         sid = sessions.check_session_id(sid)
         with self._db.read() as conn:
             return ledger.read_ledger(conn, sid, start, end)
+
+    def search(self, sid: str, query: str, *, limit: int = 10) -> list[SearchHit]:
+        """The session's ledger chunks that best match ``query``, best first (see
+        :mod:`.search`): only this session's rows, never a discarded or recall one.
+
+        ``query`` is words and identifiers (``ACCT-90417``, ``base.py``,
+        ``self.missing_args_message``), nothing else: no operator or syntax is read, so no query
+        is a database error. InvalidInputError (a message to show as it is) for an empty,
+        wordless or too long query, or a limit outside 1..1000; SessionNotFoundError.
+        """
+        sid = sessions.check_session_id(sid)
+        parsed = search_index.parse(query)
+        limit = search_index.check_limit(limit)
+        with self._db.read() as conn:
+            return search_index.search(conn, sid, parsed, limit)
+
+    def reindex(self, *, sid: str | None = None, batch: int = 500) -> int:
+        """Index the ledger rows the search index lacks (written before it existed); returns
+        how many rows were indexed. ``sid``: that session, whatever its flag; None: every
+        session flagged ``search_pending``. Many short transactions (``batch`` ledger rows
+        read at a time), safe beside live appends and folds, idempotent: not one long lock.
+        """
+        if sid is not None:
+            sid = sessions.check_session_id(sid)
+        batch = search_index.check_batch(batch)
+        with self._db.mapped_errors():
+            return search_index.reindex(self._db, sid, batch)
+
+    def unindexed_sessions(self) -> int:
+        """How many sessions may hold ledger rows the search index has not seen (a cheap
+        count): more than 0 means ``sessionfold reindex`` has work."""
+        with self._db.read() as conn:
+            return search_index.pending_sessions(conn)
 
     def recover(self, sid: str, start_seq: int, end_seq: int) -> list[Message]:
         """The originals of ledger seqs ``start_seq..end_seq`` (inclusive), exactly as appended
@@ -208,12 +338,12 @@ class SessionStore:
     def spans(self, sid: str) -> list[StoredSpan]:
         sid = sessions.check_session_id(sid)
         with self._db.read() as conn:
-            return folds.read_spans(conn, sid)
+            return fold_commit.read_spans(conn, sid)
 
     def records(self, sid: str) -> list[StoredRecord]:
         sid = sessions.check_session_id(sid)
         with self._db.read() as conn:
-            return folds.read_records(conn, sid)
+            return fold_commit.read_records(conn, sid)
 
     # --- usage -----------------------------------------------------------------------------
 
@@ -246,71 +376,163 @@ class SessionStore:
 
     def claim(self, sid: str, job_id: str, *, enqueued_epoch: int | None = None,
               lease_s: float = claims.DEFAULT_LEASE_S, force: bool = False,
-              max_abandoned: int | None = None) -> Claim:
+              max_abandoned: int | None = None, incarnation: int | None = None) -> Claim:
         """Claim ``sid`` for a fold by ``job_id`` (see :mod:`.claims`).
 
         ``max_abandoned``: refuse (status ``abandoned``) once the session's folds were abandoned
         that many times in a row (claims taken over from holders that never finished).
+        ``incarnation``: the session the job was enqueued for (a retry passes the incarnation
+        of its earlier claim); SessionNotFoundError if the id was deleted and created since.
         """
         sid = sessions.check_session_id(sid)
         job_id = claims.check_job_id(job_id)
         with self._db.write() as conn:
             return claims.claim_locked(conn, sid, job_id, enqueued_epoch=enqueued_epoch,
-                                       lease_s=lease_s, force=force, now=self._db.now(),
-                                       max_abandoned=max_abandoned)
+                                       lease_s=lease_s, force=force, clock=self._db.lease_now,
+                                       max_abandoned=max_abandoned, incarnation=incarnation)
 
-    def commit_fold(self, sid: str, result: FoldResult, *, epoch: int,
-                    job_id: str) -> CommitResult:
-        """Commit a planned fold under compare-and-set (see :mod:`.folds`).
+    def begin_fold(self, sid: str, job_id: str, *, enqueued_epoch: int | None = None,
+                   lease_s: float = claims.DEFAULT_LEASE_S, force: bool = False,
+                   max_abandoned: int | None = None,
+                   incarnation: int | None = None) -> FoldContext:
+        """Claim ``sid`` for a fold by ``job_id`` and read what planning it needs, in one
+        transaction: the claim (see :meth:`claim` for the arguments), and when it is held the
+        window, the session and the refusal latches (:class:`FoldContext`).
 
-        A result that changes nothing is recorded as a visit. A lost race raises StaleSpanError
-        after writing the visit's record with outcome ``stale``.
+        One transaction, so the plan starts from the state the claim saw: nothing can land
+        between the claim and the read. The summarizer is called after it, with no
+        transaction open; :meth:`finish_fold` writes what the visit came to.
+        """
+        sid = sessions.check_session_id(sid)
+        job_id = claims.check_job_id(job_id)
+        with self._db.write() as conn:
+            claim = claims.claim_locked(conn, sid, job_id, enqueued_epoch=enqueued_epoch,
+                                        lease_s=lease_s, force=force, clock=self._db.lease_now,
+                                        max_abandoned=max_abandoned, incarnation=incarnation)
+            if not claim.claimed:
+                return FoldContext(claim)
+            window = windows.read_window(conn, sid, self.item_cache)
+            info = sessions.session_info(sessions.load_session(conn, sid))
+            latched = frozenset(fold_commit.latched(conn, sid))
+        return FoldContext(claim, window=window, session=info, latched=latched)
+
+    def finish_fold(self, claim: Claim, outcome: FoldResult | CompactionRecord) -> CommitResult:
+        """Write what a visit under ``claim`` came to, in one call.
+
+        A :class:`FoldResult` is committed under compare-and-set (:meth:`commit_fold`; one that
+        changes nothing is recorded as the visit); a :class:`CompactionRecord` (a visit that
+        ended before planning: paused, out of time) is recorded (:meth:`record_visit`). Either
+        releases the claim. A lost race raises StaleSpanError after writing the visit's
+        ``stale`` record.
+        """
+        if not isinstance(claim, Claim) or not claim.claimed:
+            raise InvalidInputError("finish_fold takes the held claim of begin_fold")
+        if isinstance(outcome, CompactionRecord):
+            record_id, revision = self._record_visit(
+                claim.session_id, outcome, job_id=claim.job_id, epoch=claim.epoch,
+                incarnation=claim.incarnation)
+            return CommitResult(session_id=claim.session_id, revision=revision, spans=[],
+                                record_id=record_id)
+        return self.commit_fold(claim.session_id, outcome, epoch=claim.epoch,
+                                job_id=claim.job_id, incarnation=claim.incarnation)
+
+    def commit_fold(self, sid: str, result: FoldResult, *, epoch: int, job_id: str,
+                    incarnation: int) -> CommitResult:
+        """Commit a fold planned under the claim (``job_id``, ``epoch``, ``incarnation``) under
+        compare-and-set (see :mod:`.fold_commit`).
+
+        A result that changes nothing is recorded as a visit. A lost race (a newer claim, a
+        changed item, or a session deleted and created again since the claim) raises
+        StaleSpanError after writing the visit's record with outcome ``stale``; a session that
+        no longer exists raises SessionNotFoundError.
         """
         sid = sessions.check_session_id(sid)
         job_id = claims.check_job_id(job_id)
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise InvalidInputError(f"epoch must be an integer, got {epoch!r}")
-        prepared = folds.prepare_fold(result, self.counter)
+        if claims.check_incarnation(incarnation) is None:
+            raise InvalidInputError("commit_fold needs the incarnation of the claim")
+        prepared = fold_commit.prepare_fold(result, self.counter)
         if prepared.edit.empty:
-            record_id = self.record_visit(sid, prepared.record, job_id=job_id, epoch=epoch)
-            return CommitResult(session_id=sid, revision=self.get_session(sid).revision,
-                                spans=[], record_id=record_id)
+            record_id, revision = self._record_visit(sid, prepared.record, job_id=job_id,
+                                                     epoch=epoch, incarnation=incarnation)
+            return CommitResult(session_id=sid, revision=revision, spans=[],
+                                record_id=record_id)
         try:
             with self._db.write() as conn:
-                revision, spans, record_id, duplicate = folds.commit_locked(
-                    conn, sid, prepared, epoch=epoch, job_id=job_id, now=self._db.now())
-        except folds.Stale as lost:
-            stale = prepared.record.model_copy(update={
-                "outcome": "stale",
-                "detail": "; ".join(x for x in (prepared.record.detail, lost.reason) if x),
-            })
+                revision, spans, record_id, duplicate = fold_commit.commit_locked(
+                    conn, sid, prepared, epoch=epoch, job_id=job_id, incarnation=incarnation,
+                    now=self._db.now())
+        except fold_commit.Stale as lost:
             with self._db.write() as conn:
-                folds.record_visit_locked(conn, sid, stale, job_id=job_id, epoch=epoch,
-                                          now=self._db.now(), latch=False)
-            raise StaleSpanError(
-                f"fold of session {sid!r} by job {job_id!r} is stale: {lost.reason}; nothing "
-                "of it was written") from None
+                fold_commit.record_visit_locked(
+                    conn, sid, prepared.record.as_stale(lost.reason), job_id=job_id,
+                    epoch=epoch, incarnation=incarnation, now=self._db.now(), latch=False)
+            raise _stale(sid, job_id, lost.reason, "fold") from None
         return CommitResult(session_id=sid, revision=revision, spans=spans,
                             record_id=record_id, duplicate=duplicate)
 
     def record_visit(self, sid: str, record: CompactionRecord, *, job_id: str | None = None,
-                     epoch: int | None = None) -> int:
-        """Record a visit that folded nothing; releases the claim if it is this job's.
-        Returns the record's id."""
+                     epoch: int | None = None, incarnation: int | None = None) -> int:
+        """Record a visit that folded nothing; returns the record's id.
+
+        ``epoch`` and ``incarnation`` name the claim the visit was made under (both or
+        neither): the claim is released when ``job_id`` still holds it in that incarnation. A
+        visit made on an earlier incarnation of the id (deleted and created since) is recorded
+        as ``stale``, releases nothing, and raises StaleSpanError.
+        """
+        return self._record_visit(sid, record, job_id=job_id, epoch=epoch,
+                                  incarnation=incarnation)[0]
+
+    def _record_visit(self, sid: str, record: CompactionRecord, *, job_id: str | None,
+                      epoch: int | None, incarnation: int | None) -> tuple[int, int]:
+        """:meth:`record_visit`, answering (record id, the session's revision)."""
         sid = sessions.check_session_id(sid)
         if job_id is not None:
             job_id = claims.check_job_id(job_id)
+        if (epoch is None) != (claims.check_incarnation(incarnation) is None):
+            raise InvalidInputError("epoch and incarnation name the claim together: give both "
+                                    "or neither")
         with self._db.write() as conn:
-            return folds.record_visit_locked(conn, sid, record, job_id=job_id, epoch=epoch,
-                                             now=self._db.now())
+            record_id, revision, gone = fold_commit.record_visit_locked(
+                conn, sid, record, job_id=job_id, epoch=epoch, incarnation=incarnation,
+                now=self._db.now())
+        if gone is not None:
+            raise _stale(sid, job_id, gone, "visit")
+        return record_id, revision
 
     def latched(self, sid: str) -> set[str]:
         """Fingerprints of spans refused before (not to be sent to the summarizer again)."""
         sid = sessions.check_session_id(sid)
         with self._db.read() as conn:
-            return folds.latched(conn, sid)
+            return fold_commit.latched(conn, sid)
 
     # --- dead letters ----------------------------------------------------------------------
+
+    def give_up(self, sid: str, job_id: str, reason: str, attempts: int,
+                payload: Mapping[str, Any], *, trigger: Trigger = "threshold",
+                pause: bool = False, epoch: int | None = None,
+                incarnation: int | None = None) -> GaveUp:
+        """Give a fold job up in one transaction (see :mod:`.give_up`): its dead letter, the
+        refusal record that says why (``dead-lettered: REASON``), and with ``pause`` the pause
+        of the session. A reader sees all of it or none of it.
+
+        ``incarnation``: the session the job was about (SessionNotFoundError, nothing written,
+        if the id names another one now); with ``epoch``, the job's claim, released here.
+        """
+        sid = sessions.check_session_id(sid)
+        job_id = claims.check_job_id(job_id)
+        if not isinstance(pause, bool):
+            raise InvalidInputError(f"pause must be True or False, got {pause!r}")
+        if trigger not in get_args(Trigger):
+            raise InvalidInputError(f"trigger must be one of {', '.join(get_args(Trigger))}, "
+                                    f"got {trigger!r}")
+        if epoch is not None and claims.check_incarnation(incarnation) is None:
+            raise InvalidInputError("a claim to release is named by its epoch and incarnation")
+        with self._db.write() as conn:
+            return give_up_locked(conn, sid, job_id, reason, attempts, payload,
+                                  trigger=trigger, pause=pause, epoch=epoch,
+                                  incarnation=incarnation, now=self._db.now())
 
     def dead_letter(self, job_id: str, sid: str, reason: str, attempts: int,
                     payload: Mapping[str, Any]) -> int:
@@ -326,6 +548,63 @@ class SessionStore:
         with self._db.read() as conn:
             return dead_letters.read_dead_letters(conn, limit=limit)
 
+    # --- retention -------------------------------------------------------------------------
+
+    def prune(self, rules: pruning.RetentionRules | None = None, *,
+              now: datetime | None = None, batch: int = 1000, dry_run: bool = False,
+              max_batches: int | None = None, resume: str | None = None) -> PruneReport:
+        """Delete what the retention ``rules`` let go (see :mod:`.pruning`): old append keys,
+        no-op visit records beyond each session's newest ones, old and orphaned dead letters.
+
+        ``now`` (default: the store's clock) is what ages are measured from. Many short
+        transactions of at most ``batch`` deleted rows, safe beside live appends and folds; at
+        most ``max_batches`` of them (None: until done); an unfinished pass reports
+        ``complete=False`` and a ``resume`` cursor to pass back. ``dry_run``: count, delete
+        nothing. Never a folded record, never a record a span names, never a session's newest
+        no-op records.
+        """
+        rules = pruning.RetentionRules() if rules is None else rules
+        if not isinstance(rules, pruning.RetentionRules):
+            raise InvalidInputError(f"rules must be RetentionRules, got {type(rules).__name__}")
+        batch = pruning.check_batch(batch)
+        max_batches = pruning.check_max_batches(max_batches)
+        pruning.parse_resume(resume)
+        if now is None:
+            now = self._db.now()
+        elif not isinstance(now, datetime) or now.tzinfo is None:
+            raise InvalidInputError(f"now must be a timezone-aware datetime, got {now!r}")
+        with self._db.mapped_errors():
+            return pruning.prune(self._db, rules, now=now, batch=batch, dry_run=dry_run,
+                                   max_batches=max_batches, resume=resume)
+
+    # --- API keys (the HTTP API's; made and checked by sessionfold.service.auth) -----------
+
+    def create_api_key(self, key_id: str, tenant: str, digest: str, *,
+                       admin: bool = False) -> ApiKeyInfo:
+        """Store a key's row: its id, tenant, admin flag and the digest of its secret."""
+        key_id = api_keys.check_key_id(key_id)
+        if not isinstance(tenant, str) or not 0 < len(tenant) <= 64:
+            raise InvalidInputError(f"a tenant is 1 to 64 characters, got {tenant!r:.80}")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise InvalidInputError("an API key digest is 64 hex digits (SHA-256)")
+        with self._db.write() as conn:
+            return api_keys.insert_api_key(conn, key_id, tenant, digest, admin=bool(admin),
+                                           now=self._db.now())
+
+    def get_api_key(self, key_id: str) -> ApiKeyInfo | None:
+        with self._db.read() as conn:
+            return api_keys.get_api_key(conn, api_keys.check_key_id(key_id))
+
+    def list_api_keys(self, tenant: str | None = None) -> list[ApiKeyInfo]:
+        with self._db.read() as conn:
+            return api_keys.list_api_keys(conn, tenant)
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke a key; False when there is no live key of that id."""
+        key_id = api_keys.check_key_id(key_id)
+        with self._db.write() as conn:
+            return api_keys.revoke_api_key(conn, key_id, now=self._db.now())
+
     # --- export ----------------------------------------------------------------------------
 
     def export(self, sid: str) -> dict[str, Any]:
@@ -340,5 +619,5 @@ class SessionStore:
         with self._db.read(snapshot=True) as conn:
             info = sessions.session_info(sessions.load_session(conn, sid))
             window = windows.read_window(conn, sid, self.item_cache)
-            spans = folds.read_spans(conn, sid)
+            spans = fold_commit.read_spans(conn, sid)
         return export.render_inspect(info, window, spans, width=width, full=full)

@@ -6,7 +6,8 @@ taken as the measured size unless it is stale:
 - built on a revision older than the last fold (``fold_revision``): it measured a window that
   no longer exists, so it must not overwrite the size the fold left;
 - older, as ``(revision, seq)``, than the report already stored: reports can arrive out of order
-  (a batch from a slow scheduler), and the newest one wins.
+  (a batch from a slow scheduler), and the newest one wins
+  (:func:`~sessionfold.core.tokens.supersedes`).
 
 An accepted report also calibrates the estimate (``a × estimate + b``): the estimate of the
 request is the system prompt plus the window items up to ``seq`` as they are now (after the last
@@ -29,7 +30,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sessionfold.core.errors import InvalidInputError, SessionfoldError, SessionNotFoundError
-from sessionfold.core.tokens import Calibration, reported_prompt_tokens
+from sessionfold.core.tokens import (
+    Calibration,
+    measured_prompt_tokens,
+    reported_prompt_tokens,
+    supersedes,
+)
 from sqlalchemy.engine import Connection, Row
 
 from .results import UsageReport, UsageResult
@@ -104,9 +110,8 @@ def _refusal(row: Row[Any], report: UsageReport) -> str | None:
 def _is_stale(row: Row[Any], seq: int, revision: int) -> bool:
     if revision < row.fold_revision:
         return True
-    if row.measured_revision is None:
-        return False
-    return (revision, seq) < (row.measured_revision, row.measured_seq)
+    held = None if row.measured_revision is None else (row.measured_revision, row.measured_seq)
+    return not supersedes((revision, seq), held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +144,9 @@ def apply_reports(conn: Connection, reports: Sequence[UsageReport], *, now: date
             if problem:
                 raise InvalidInputError(problem)
             measure = (row.policy or {}).get("measure", "reported")
-            reported = reported_prompt_tokens(report.usage, measure=measure)
+            reported = (reported_prompt_tokens(report.usage, measure=measure)
+                        if report.prompt_tokens is None
+                        else measured_prompt_tokens(report.prompt_tokens, measure=measure))
         except SessionfoldError as exc:
             if strict:
                 raise
@@ -185,6 +192,7 @@ def latest_per_session(reports: Sequence[UsageReport]) -> list[UsageReport]:
             raise InvalidInputError(
                 f"record_usage_batch takes UsageReport values, got {type(report).__name__}")
         held = latest.get(report.session_id)
-        if held is None or (report.revision, report.seq) >= (held.revision, held.seq):
+        if supersedes((report.revision, report.seq),
+                      None if held is None else (held.revision, held.seq)):
             latest[report.session_id] = report
     return list(latest.values())

@@ -21,14 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-import pydantic_core
 import sqlalchemy as sa
 from sessionfold.core.errors import SessionNotFoundError
 from sessionfold.core.window import WindowItem
 from sqlalchemy.engine import Connection
 
 from .cache import ItemCache, ItemKey
-from .codec import decode_item
+from .codec import decode_item, decode_json
 from .results import Window
 from .schema import sessions, window_items
 
@@ -91,8 +90,8 @@ def read_window(conn: Connection, sid: str, cache: ItemCache) -> Window:
     fresh: list[tuple[ItemKey, WindowItem]] = []
     for i, (message, edits) in texts.items():
         r = rows[i]
-        item = decode_item(r[_START], r[_END], r[_KIND], pydantic_core.from_json(message),
-                           pydantic_core.from_json(edits), r[_VERSION], r[_TOKENS])
+        item = decode_item(r[_START], r[_END], r[_KIND], decode_json(message),
+                           decode_json(edits), r[_VERSION], r[_TOKENS])
         items[i] = item
         fresh.append((keys[i], item))
     cache.put_window(sid, incarnation, revision, fresh)

@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "bench_compact.py"
-TRANSCRIPTS = REPO / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
 
 # bench/ is scripts, not a package: load the script as a module.
 _spec = importlib.util.spec_from_file_location("bench_compact", BENCH)

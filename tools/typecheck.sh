@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# mypy --strict over the three packages under their import names.
-# The editable install maps core/, store/, workers/ to sessionfold.* with an import hook mypy
-# cannot follow, so build a tree of symlinks (kept out of git) that mirrors the installed layout.
+# mypy --strict over every package under its import name: sessionfold.core, .store, .workers,
+# .client, .service and .cli.
+# The editable install maps each package folder (core/, store/ ... cli/) to sessionfold.* with an
+# import hook mypy cannot follow, so build a tree of symlinks (kept out of git) that mirrors the
+# installed layout.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tree="$root/build/typecheck"
+packages=(core store workers client service cli)
 mkdir -p "$tree/sessionfold"
-for pkg in core store workers; do
+for pkg in "${packages[@]}"; do
   ln -sfn "$root/$pkg" "$tree/sessionfold/$pkg"
 done
 cd "$root"
-[ $# -gt 0 ] || set -- -p sessionfold.core -p sessionfold.store -p sessionfold.workers
+if [ $# -eq 0 ]; then
+  for pkg in "${packages[@]}"; do set -- "$@" -p "sessionfold.$pkg"; done
+fi
 MYPYPATH="$tree" exec "${PYTHON:-$root/.venv/bin/python}" -m mypy --strict "$@"

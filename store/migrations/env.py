@@ -3,14 +3,15 @@
 ``sessionfold migrate`` (:func:`sessionfold.store.migrate.upgrade`) runs Alembic in-process and
 hands over an open connection through ``config.attributes["connection"]``, so migrations run on
 the same engine (and, on SQLite, the same ``BEGIN`` handling) as the store. Run by hand without
-one, it connects to ``DATABASE_URL`` (or the default SQLite file).
+one, it connects to the config's ``sqlalchemy.url``; the store reads no environment, so without
+that it stops and says to run ``sessionfold migrate`` (which reads ``DATABASE_URL``).
 """
 
 from __future__ import annotations
 
 from alembic import context
-from sessionfold.store.engine import create_store_engine, database_url
-from sessionfold.store.schema import VERSION_TABLE, metadata
+from sessionfold.store.engine import create_store_engine
+from sessionfold.store.schema import VERSION_TABLE, is_declared, metadata
 from sqlalchemy.engine import Connection
 
 
@@ -19,6 +20,8 @@ def _run(connection: Connection) -> None:
         connection=connection,
         target_metadata=metadata,
         version_table=VERSION_TABLE,
+        # The search index's backend DDL (FTS5 tables, the tsvector column) is not in metadata.
+        include_name=is_declared,
         # SQLite cannot ALTER most things in place: Alembic's batch mode rebuilds the table.
         render_as_batch=connection.dialect.name == "sqlite",
         transactional_ddl=True,
@@ -32,8 +35,11 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_store_engine(context.config.get_main_option("sqlalchemy.url")
-                                 or database_url())
+    url = context.config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise SystemExit("no database to migrate: set sqlalchemy.url, or run "
+                         "`sessionfold migrate` (DATABASE_URL, else the embedded SQLite file)")
+    engine = create_store_engine(url)
     try:
         with engine.connect() as conn:
             _run(conn)

@@ -23,12 +23,13 @@ from sessionfold.core.tokens import TokenCounter
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
-TRANSCRIPTS = REPO / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
 sys.path.insert(0, str(BENCH))
 
 from b1.cache import Prices, common_prefix_tokens  # noqa: E402
 from b1.checks import broken_tool_pairs, has_task, retrievable  # noqa: E402
 from b1.counting import Counter, Request, Unit  # noqa: E402
+from b1.needed import need_sets  # noqa: E402
 from b1.results import update_section  # noqa: E402
 
 QUICK = "psf__requests-1142"
@@ -171,7 +172,7 @@ def test_quick_mode_replays_sessionfold_and_the_baseline_only(quick: dict[str, A
     assert quick["budgets"] == [32000]
     assert sorted(r["system"] for r in quick["runs"]) == [
         "none", "sessionfold-background-inprocess", "sessionfold-inline",
-        "sessionfold-inline-inprocess"]
+        "sessionfold-inline-inprocess", "sessionfold-inline-recall"]
     calls = sum(1 for m in _transcript(QUICK)["messages"] if m["role"] == "assistant")
     for run in quick["runs"]:
         (transcript,) = run["transcripts"]
@@ -185,10 +186,10 @@ def test_quick_report_is_a_well_formed_table(quick: dict[str, Any]) -> None:
     lines = quick["report"].splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| system | billed"))
     columns = lines[header].count("|")
-    rows = lines[header + 2: header + 6]
+    rows = lines[header + 2: header + 7]
     assert [r.split("|")[1].strip() for r in rows] == [
-        "none", "sessionfold-inline", "sessionfold-inline-inprocess",
-        "sessionfold-background-inprocess"]
+        "none", "sessionfold-inline", "sessionfold-inline-recall",
+        "sessionfold-inline-inprocess", "sessionfold-background-inprocess"]
     assert all(r.count("|") == columns for r in rows)
     assert "Stress step" in quick["report"] and "Time scale 0.001" in quick["report"]
 
@@ -231,6 +232,37 @@ def test_sessionfold_keeps_the_invariants(quick: dict[str, Any], system: str) ->
     assert stress["tokens"] < 200_000 < _run(quick, "none")["stress"]["tokens"]
     if "inline" in system:  # folded before the call, so within the budget; a background
         assert stress["tokens"] <= 32000  # fold may not have landed yet (timing)
+
+
+RECALL_COLUMNS = ("needed-context recall", "after 1st compaction", "calls under 0.5")
+
+
+@pytest.mark.slow
+def test_every_system_reports_needed_context_recall_and_the_baseline_scores_one(
+        quick: dict[str, Any]) -> None:
+    header = next(line for line in quick["report"].splitlines()
+                  if line.startswith("| system | needed-context recall"))
+    assert all(f"| {column} |" in header for column in RECALL_COLUMNS)
+    assert "| with the recall tool (oracle: upper bound) |" in header
+    need = need_sets(_transcript(QUICK)["messages"])
+    needed = sum(len(n) for n in need)
+    base = _totals(quick, "none")
+    assert base["needed"] == needed > 100
+    assert base["present"] == needed and base["recall"] == 1.0 and base["under_half"] == 0
+    assert base["recall_after"] is None  # it never compacts
+    requests = _run(quick, "none")["transcripts"][0]["requests"]
+    assert [r[6] for r in requests] == [len(n) for n in need]
+    assert all(r[7] == r[6] for r in requests)
+    tool = _totals(quick, "sessionfold-inline-recall")
+    assert tool["recall_tool"] is True
+    assert tool["recall_with_tool"] >= tool["recall"]  # recall calls only ever add
+    assert not _totals(quick, "sessionfold-inline")["recall_tool"]
+    for system in ("sessionfold-inline", "sessionfold-inline-recall",
+                   "sessionfold-inline-inprocess", "sessionfold-background-inprocess"):
+        totals = _totals(quick, system)
+        assert totals["needed"] == needed  # the same need, whatever the system sends
+        assert 0 < totals["present"] <= needed
+        assert totals["calls_after"] > 0 and totals["recall_after"] is not None
 
 
 @pytest.mark.slow

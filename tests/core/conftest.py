@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-TRANSCRIPTS_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

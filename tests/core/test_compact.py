@@ -16,7 +16,7 @@ from sessionfold.core.errors import (
 )
 from sessionfold.core.frame import FRAME_TAG, frame_info, summary_body, summary_message
 from sessionfold.core.layers import MASK_TAG
-from sessionfold.core.messages import Message, parse_message
+from sessionfold.core.messages import Message, SummaryMark, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
 from sessionfold.core.tokens import Calibration, TokenCounter
@@ -168,7 +168,7 @@ def test_a_second_fold_rolls_the_earlier_summary_into_the_new_one() -> None:
     more = [m for n in range(15, 25) for m in step(n)]
     window = [*first.window, *items_from_messages(more, first_seq=len(messages))]
     second = fold_window(window, POLICY, summarizer)
-    assert summarizer.calls[1].previous == summary_body(earlier.message)
+    assert summarizer.calls[1].previous == summary_body(earlier)
     assert earlier not in second.window
     summaries = [i for i in second.window if i.kind == "summary"]
     assert len(summaries) == 1 and summaries[0].start_seq == 1
@@ -469,14 +469,51 @@ def test_compact_accepts_raw_dicts_and_rejects_orphan_tool_results() -> None:
         compact([raw[0], raw[2]], POLICY, None)
 
 
-def test_compact_treats_an_earlier_summary_in_its_input_as_a_summary() -> None:
+def test_compact_rolls_a_summary_its_input_marks() -> None:
     messages = conversation(14)
     first = compact(messages, POLICY, Scripted(reply=keeps_everything))
+    assert first.summaries == (SummaryMark(index=1, kind="summary", start_seq=1,
+                                           end_seq=first.spans[0].end_seq),)
+    more = [m for n in range(15, 25) for m in step(n)]
+    summarizer = Scripted(reply=keeps_everything)
+    second = compact([*first.messages, *more], POLICY, summarizer, summaries=first.summaries)
+    assert summarizer.calls[0].previous == summary_body(first.window[1])
+    assert [i.kind for i in second.window].count("summary") == 1
+    # Seqs are the ledger's: the plain messages after the summary go on where it ends.
+    assert second.spans[0].start_seq == 1
+    assert second.spans[0].message_count == second.spans[0].end_seq
+    assert second.window[-1].end_seq == len(messages) + len(more) - 1
+
+
+def test_compact_without_marks_takes_an_earlier_summary_for_a_users_words() -> None:
+    first = compact(conversation(14), POLICY, Scripted(reply=keeps_everything))
     again = [*first.messages, *(m for n in range(15, 25) for m in step(n))]
     summarizer = Scripted(reply=keeps_everything)
     second = compact(again, POLICY, summarizer)
-    assert summarizer.calls[0].previous == summary_body(first.messages[1])
+    assert summarizer.calls[0].previous is None
+    assert summarizer.calls[0].messages[0] == first.messages[1]
     assert [i.kind for i in second.window].count("summary") == 1
+
+
+@pytest.mark.parametrize(("mark", "says"), [
+    (SummaryMark(index=2, start_seq=1, end_seq=14), "holds no frame line"),
+    (SummaryMark(index=1, start_seq=1, end_seq=7), "holds a summary of #1–#14"),
+    (SummaryMark(index=1, kind="notice", start_seq=1, end_seq=14), "holds a summary of #1–#14"),
+    (SummaryMark(index=40, start_seq=1, end_seq=14), "no such message"),
+])
+def test_a_summary_mark_that_does_not_match_its_message_is_refused(mark: SummaryMark,
+                                                                  says: str) -> None:
+    first = compact(conversation(14), POLICY, Scripted(reply=keeps_everything))
+    assert first.summaries[0].end_seq == 14, "the marks above are written for this span"
+    with pytest.raises(InvalidInputError, match=says):
+        compact(first.messages, POLICY, None, summaries=[mark])
+
+
+def test_a_summary_mark_that_leaves_a_gap_in_the_seqs_is_refused() -> None:
+    first = compact(conversation(14), POLICY, Scripted(reply=keeps_everything))
+    with pytest.raises(InvalidInputError, match="seqs run on without gaps"):
+        compact(first.messages[1:], POLICY, None,
+                summaries=[first.summaries[0].model_copy(update={"index": 0})])
 
 
 def test_compact_with_the_offline_summarizer_masks_then_summarizes() -> None:

@@ -11,7 +11,9 @@ Whatever the policy, the summarizer (offline, hostile, failing, bloated, absent)
   one leads each run of foldable history (right after the task or a pinned turn);
 - the first user message and the last keep_recent_turns turns are untouched (clipping aside);
 - after a fold the window is at or under the target, or the record says why not;
-- the edit names exactly the items removed or changed, and their replacements.
+- the edit names exactly the items removed or changed, and their replacements;
+- recall exchanges (window items of kind "recall") are kept whole or dropped whole, never split
+  from their tool call, never counted as the agent's turns, never shown to the summarizer.
 
 The checks below compute protection from the ledger on their own, not with the engine's code.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,19 @@ from hypothesis import strategies as st
 from sessionfold.core.compact import FoldResult, compact, fold_window
 from sessionfold.core.errors import TransientSummarizerError
 from sessionfold.core.frame import FRAME_TAG, frame_info
-from sessionfold.core.layers import CLIP_TAG, MASK_TAG, THINKING_PLACEHOLDER, clip_oversized
+from sessionfold.core.layers import (
+    CLIP_TAG,
+    MASK_TAG,
+    RECALL_DROPPED_TAG,
+    TEXT_CLIP_TAG,
+    THINKING_PLACEHOLDER,
+    clip_oversized,
+)
 from sessionfold.core.messages import (
     Block,
     Message,
     RedactedThinkingBlock,
+    TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     check_tool_pairing,
@@ -58,16 +68,20 @@ def _plain_user(message: Message) -> bool:
     return message.role == "user" and not message.has_tool_results()
 
 
-def keep_from(ledger: Sequence[Message], keep_recent_turns: int) -> int | None:
+def keep_from(ledger: Sequence[Message], keep_recent_turns: int,
+              recall: Collection[int] = ()) -> int | None:
     """First seq of the keep window: the k-th assistant message from the end (or the plain
-    user question right before it)."""
+    user question right before it), recall exchanges (seqs ``recall``) not counted."""
     if keep_recent_turns == 0:
         return None
-    assistants = [i for i, m in enumerate(ledger) if m.role == "assistant"]
+    assistants = [i for i, m in enumerate(ledger) if m.role == "assistant" and i not in recall]
     if len(assistants) < keep_recent_turns:
         return 0
     seq = assistants[-keep_recent_turns]
-    return seq - 1 if seq > 0 and _plain_user(ledger[seq - 1]) else seq
+    before = seq - 1
+    while before in recall:
+        before -= 1
+    return before if before >= 0 and _plain_user(ledger[before]) else seq
 
 
 def turn_seqs(ledger: Sequence[Message], seq: int) -> set[int]:
@@ -81,8 +95,8 @@ def turn_seqs(ledger: Sequence[Message], seq: int) -> set[int]:
     return {seq}
 
 
-def untouchable(ledger: Sequence[Message], policy: FoldPolicy,
-                pinned: Sequence[int]) -> tuple[set[int], set[int]]:
+def untouchable(ledger: Sequence[Message], policy: FoldPolicy, pinned: Sequence[int],
+                recall: Collection[int] = ()) -> tuple[set[int], set[int]]:
     """(seqs that must stay untouched but for clipping, seqs after which a summary may sit)."""
     kept: set[int] = set()
     anchors: set[int] = set()
@@ -90,7 +104,7 @@ def untouchable(ledger: Sequence[Message], policy: FoldPolicy,
     if policy.keep_first_user and first_user is not None:
         kept.add(first_user)
         anchors.add(first_user)
-    start = keep_from(ledger, policy.keep_recent_turns)
+    start = keep_from(ledger, policy.keep_recent_turns, recall)
     if start is not None:
         kept.update(range(start, len(ledger)))
     if ledger and ledger[-1].tool_use_ids():
@@ -128,32 +142,65 @@ def check_kept_message(original: Message, item: WindowItem) -> None:
     for old, new in zip(before, after, strict=True):
         if _block_json(old) == _block_json(new):
             continue
+        if isinstance(old, TextBlock) and isinstance(new, TextBlock):
+            # A user's own text over the item limit is clipped like a tool output.
+            assert original.role == "user" and "clipped" in item.edits, f"#{seq}: text changed"
+            check_clip(old.text, new.text, TEXT_CLIP_TAG, seq)
+            continue
         assert isinstance(old, ToolResultBlock) and isinstance(new, ToolResultBlock), \
-            f"#{seq}: a block other than a tool result changed"
+            f"#{seq}: a block other than a tool result or a user's text changed"
         assert (new.tool_use_id, new.is_error) == (old.tool_use_id, old.is_error)
         text = new.output_text()
         assert f"ledger #{seq}" in text
         if text.startswith(MASK_TAG):
             assert "masked" in item.edits
         else:
-            assert "clipped" in item.edits and CLIP_TAG in text
-            head = text.partition(CLIP_TAG)[0]
-            tail = text.partition(CLIP_TAG)[2].split("]\n", 1)[1]
-            assert old.output_text().startswith(head.removesuffix("\n"))
-            assert old.output_text().endswith(tail)
+            assert "clipped" in item.edits
+            check_clip(old.output_text(), text, CLIP_TAG, seq)
+
+
+def check_clip(whole: str, clipped: str, tag: str, seq: int) -> None:
+    """``clipped`` is a head and a tail of ``whole`` around a seam line naming ledger #seq."""
+    assert tag in clipped and f"ledger #{seq}" in clipped
+    head, _, rest = clipped.partition(tag)
+    tail = rest.split("]\n", 1)[1]
+    assert whole.startswith(head.removesuffix("\n"))
+    assert whole.endswith(tail)
+
+
+def check_recall_item(ledger: Sequence[Message], item: WindowItem, recall: Collection[int],
+                      kept: Collection[int]) -> None:
+    """A recall item: the exchange as appended, or whole exchanges dropped for one line."""
+    seqs = set(range(item.start_seq, item.end_seq + 1))
+    assert seqs <= set(recall), f"#{item.start_seq}: a recall item over the agent's own seqs"
+    if "dropped" not in item.edits:
+        assert item.start_seq == item.end_seq and not item.edits
+        assert item.message == ledger[item.start_seq], f"#{item.start_seq}: recall changed"
+        return
+    assert item.edits == ("dropped",)
+    assert not seqs & set(kept), f"a protected recall #{item.start_seq} was dropped"
+    # Whole exchanges only: from a tool call of the model to the answer of the last one.
+    assert ledger[item.start_seq].role == "assistant" and ledger[item.end_seq].has_tool_results()
+    assert item.message.role == "user" and not item.message.has_tool_results()
+    assert item.message.text().startswith(RECALL_DROPPED_TAG)
 
 
 def check_window(ledger: Sequence[Message], window: Sequence[WindowItem], policy: FoldPolicy,
-                 pinned: Sequence[int] = ()) -> None:
-    """Every window invariant that holds whatever a visit decided."""
+                 pinned: Sequence[int] = (), recall: Collection[int] = ()) -> None:
+    """Every window invariant that holds whatever a visit decided (``recall``: the seqs of
+    recall exchanges)."""
     assert window, "an empty window"
     assert window[0].start_seq == 0 and window[-1].end_seq == len(ledger) - 1
     for before, after in itertools.pairwise(window):
         assert after.start_seq == before.end_seq + 1, "a seq is lost or covered twice"
-    kept, anchors = untouchable(ledger, policy, pinned)
+    kept, anchors = untouchable(ledger, policy, pinned, recall)
     for pos, item in enumerate(window):
+        if item.kind == "recall":
+            check_recall_item(ledger, item, recall, kept)
+            continue
         if item.kind == "message":
             assert item.start_seq == item.end_seq
+            assert item.start_seq not in recall, f"recall #{item.start_seq} is not a recall item"
             check_kept_message(ledger[item.start_seq], item)
             if item.start_seq in kept:
                 assert set(item.edits) <= {"clipped"}, f"protected #{item.start_seq} edited"
@@ -168,7 +215,7 @@ def check_window(ledger: Sequence[Message], window: Sequence[WindowItem], policy
         assert item.message.text().startswith(FRAME_TAG)
         # At most one summary per run of foldable history, at its head.
         if pos > 0:
-            assert window[pos - 1].kind == "message", "two summaries side by side"
+            assert window[pos - 1].kind in ("message", "recall"), "two summaries side by side"
             assert window[pos - 1].end_seq in anchors, \
                 f"summary #{item.start_seq} is not at the head of its run"
     check_tool_pairing([item.message for item in window])
@@ -394,25 +441,95 @@ def test_a_session_folded_as_it_grows_keeps_every_invariant(
 
 
 def replay(messages: Sequence[Message], policy: FoldPolicy, summarizer: Summarizer | None,
-           pins: Sequence[int] = (), system: str = "") -> list[WindowItem]:
-    """Append one message at a time as a store would (clipping on append) and fold whenever
-    the window passes the trigger, applying each result's edit; check after every fold."""
+           pins: Sequence[int] = (), system: str = "",
+           recall: Collection[int] = ()) -> list[WindowItem]:
+    """Append one message at a time as a store would (clipping on append; the seqs ``recall``
+    as recall exchanges) and fold whenever the window passes the trigger, applying each
+    result's edit; check after every fold."""
     window: list[WindowItem] = []
     latched: set[str] = set()
     for seq, message in enumerate(messages):
-        item = WindowItem(start_seq=seq, end_seq=seq, message=message)
-        window.append(clip_oversized(item, seq, policy.max_item_tokens, COUNTER))
+        if seq in recall:
+            window.append(WindowItem(start_seq=seq, end_seq=seq, kind="recall", message=message))
+        else:
+            item = WindowItem(start_seq=seq, end_seq=seq, message=message)
+            window.append(clip_oversized(item, seq, policy.max_item_tokens, COUNTER))
         if window_estimate(window, system) <= policy.trigger_tokens:
             continue
         result = fold_window(window, policy, summarizer, system=system, pinned=pins,
                              latched=latched, counter=COUNTER, trigger="threshold")
         check_edit(window, result)
-        check_window(messages[:seq + 1], result.window, policy, pins)
+        check_window(messages[:seq + 1], result.window, policy, pins, recall)
         check_record(result.record, result.window, system)
         check_hostile_text(result.window)
         latched |= {r.fingerprint for r in result.record.refusals if r.fingerprint}
         window = result.window
     return window
+
+
+# --- recall exchanges ---------------------------------------------------------------------------
+
+RECALLED = "RECALLED-COPY"
+
+
+@st.composite
+def conversations_with_recall(draw: st.DrawFn) -> tuple[list[Message], set[int]]:
+    """A generated conversation with recall exchanges (the model asking sessionfold_recall,
+    the client answering) between its turns, and the seqs they hold."""
+    base = draw(conversations())
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    messages: list[Message] = []
+    recall: set[int] = set()
+    n = 0
+    for i, message in enumerate(base):
+        messages.append(message)
+        # Between turns only: after a user message that is not followed by its own answer.
+        ends_turn = message.role == "user" and (i + 1 == len(base)
+                                                or base[i + 1].role == "assistant")
+        if not ends_turn or rng.random() > 0.4:
+            continue
+        for _ in range(rng.choice([1, 1, 2])):  # one round, or two in a row
+            n += 1
+            recall |= {len(messages), len(messages) + 1}
+            messages.append(parse_message({"role": "assistant", "content": [
+                {"type": "tool_use", "id": f"recall_{n}", "name": "sessionfold_recall",
+                 "input": {"query": words(rng, 2)}}]}))
+            messages.append(parse_message({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"recall_{n}",
+                 "content": f"{RECALLED} " + output(rng, rng.choice([5, 40, 200]))}]}))
+    return messages, recall
+
+
+@dataclass
+class NeverShownRecall:
+    """A summarizer that fails the test if it is ever given a recall exchange."""
+
+    inner: Summarizer
+    model: str = "extractive"
+    context_tokens: int = 1_000_000
+
+    def summarize(self, messages: Sequence[Message], *, previous_summary: str | None = None,
+                  must_keep: Sequence[str] = ()) -> Summary:
+        for message in messages:
+            for block in message.blocks():
+                assert not (isinstance(block, ToolResultBlock) and RECALLED in
+                            block.output_text()), "a recall answer was given to the summarizer"
+                assert getattr(block, "name", None) != "sessionfold_recall", \
+                    "a recall call was given to the summarizer"
+        assert not any(RECALLED in m for m in must_keep)
+        return self.inner.summarize(messages, previous_summary=previous_summary,
+                                    must_keep=must_keep)
+
+
+@HYPOTHESIS
+@given(conversation=conversations_with_recall(), policy=policies,
+       pins=st.lists(st.integers(0, 80), max_size=2))
+def test_a_session_with_recall_exchanges_folded_as_it_grows_keeps_every_invariant(
+        conversation: tuple[list[Message], set[int]], policy: FoldPolicy,
+        pins: list[int]) -> None:
+    messages, recall = conversation
+    summarizer = NeverShownRecall(ExtractiveSummarizer(max_chars=600))
+    replay(messages, policy, summarizer, pins, recall=recall)
 
 
 # --- the newest tool result alone twice the budget ---------------------------------------------

@@ -132,12 +132,36 @@ def test_masking_is_idempotent_and_skips_outputs_not_worth_a_stub() -> None:
     assert mask_item(short, COUNTER) is short
 
 
-def test_masking_a_clipped_output_names_the_original_size() -> None:
+def test_masking_a_clipped_output_names_the_size_of_its_ledger_original() -> None:
     text = output(3000)
     clipped = clip_oversized(item(result_message(text)), None, 1000, COUNTER)
-    masked = mask_item(clipped, COUNTER)
+    masked = mask_item(clipped, COUNTER, original=result_message(text))
     assert masked.edits == ("clipped", "masked")
     assert f"{len(text):,} characters" in tool_result(masked.message).output_text()
+
+
+def test_without_its_original_a_clipped_output_is_masked_without_naming_a_size() -> None:
+    clipped = clip_oversized(item(result_message(output(3000)), seq=4), None, 1000, COUNTER)
+    stub = tool_result(mask_item(clipped, COUNTER).message).output_text()
+    assert stub == f"{MASK_TAG} to save context; ledger #4 holds it whole.]"
+
+
+def test_an_item_whose_edits_say_masked_is_not_masked_again() -> None:
+    long_output = result_message(output(80))
+    recorded = WindowItem(start_seq=2, end_seq=2, message=long_output, edits=("masked",))
+    assert mask_item(recorded, COUNTER) is recorded
+
+
+def test_a_clipped_item_too_large_for_a_smaller_limit_is_clipped_again_from_its_original() -> None:
+    text = output(6000)
+    once = clip_oversized(item(result_message(text), seq=3), None, 2000, COUNTER)
+    again = clip_oversized(once, None, 500, COUNTER, original=result_message(text))
+    body = tool_result(again.message).output_text()
+    assert again.edits == ("clipped",) and count_text(body) <= 500
+    assert f"{CLIP_TAG} {len(text):,} characters in all" in body
+    assert body.startswith("row 0:") and body.rstrip().endswith(text.rsplit("\n", 1)[1])
+    blind = tool_result(clip_oversized(once, None, 500, COUNTER).message).output_text()
+    assert f"{CLIP_TAG} the characters between this head and tail" in blind
 
 
 def test_mask_tool_results_goes_oldest_first_and_stops_once_enough_is_saved() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sessionfold.core.frame import notice_message, summary_message
+from sessionfold.core.frame import EarlierFold, notice_message, summary_message
 from sessionfold.core.messages import (
     Conversation,
     Message,
@@ -23,8 +23,9 @@ from sessionfold.core.retention import (
     find_identifiers,
     mentions,
 )
+from sessionfold.core.window import WindowItem
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 
 
 def transcript(name: str) -> Conversation:
@@ -108,7 +109,9 @@ def test_summaries_and_notices_are_skipped() -> None:
     earlier = summary_message("Worked on OLD-1 in legacy/a.py", start_seq=0, end_seq=5,
                               message_count=6, model="m")
     notice = notice_message(start_seq=6, end_seq=7, message_count=2)
-    ids = extract_identifiers([earlier, notice, *span()])
+    folds = [EarlierFold.of(WindowItem(start_seq=0, end_seq=5, kind="summary", message=earlier)),
+             EarlierFold.of(WindowItem(start_seq=6, end_seq=7, kind="notice", message=notice))]
+    ids = extract_identifiers([*folds, *span()])
     assert ids == extract_identifiers(span())
 
 

@@ -188,3 +188,25 @@ def test_a_zero_report_is_unmeasurable(usage: Any) -> None:
 def test_bad_fields_do_not_poison_good_ones() -> None:
     assert reported_prompt_tokens({"input_tokens": 10, "cache_read_input_tokens": math.inf,
                                    "cache_creation_input_tokens": -3}) == 10
+
+
+def test_the_newer_usage_report_is_the_one_at_the_larger_revision_then_seq() -> None:
+    from sessionfold.core.tokens import supersedes
+
+    assert supersedes((3, 10), None)  # the first report stands
+    assert supersedes((3, 11), (3, 10)) and supersedes((4, 0), (3, 99))
+    assert supersedes((3, 10), (3, 10))  # the same request again: the later report stands
+    assert not supersedes((3, 9), (3, 10)) and not supersedes((2, 99), (3, 0))
+
+
+def test_a_prompt_size_is_the_three_input_counts_and_zero_is_not_a_measurement() -> None:
+    from sessionfold.core.errors import UsageUnmeasurableError
+    from sessionfold.core.tokens import measured_prompt_tokens, prompt_tokens
+
+    assert prompt_tokens(120, 1000, 50) == 1170
+    assert measured_prompt_tokens(1170) == 1170
+    assert measured_prompt_tokens(0, measure="estimate") is None
+    with pytest.raises(UsageUnmeasurableError, match="zero"):
+        measured_prompt_tokens(0)
+    with pytest.raises(UsageUnmeasurableError, match="more than any context window"):
+        measured_prompt_tokens(10**9 + 1, measure="estimate")

@@ -6,7 +6,7 @@ of the package. These fixtures expose what the package really offers, so each te
 files to it:
 
 - ``parse_cli(argv)``: parses argv with the real ``sessionfold`` parser
-  (:func:`sessionfold.workers.cli.build_parser`); skips when the subcommand is not registered.
+  (:func:`sessionfold.cli.main.build_parser`); skips when the subcommand is not registered.
 - ``settings_env_names``: every environment variable :class:`~sessionfold.workers.settings.Settings`
   reads.
 - ``settings_from_env(env)``: builds ``Settings`` from exactly ``env`` (nothing inherited from the
@@ -43,7 +43,7 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def cli_parser() -> argparse.ArgumentParser:
-    from sessionfold.workers.cli import build_parser
+    from sessionfold.cli.main import build_parser
 
     return build_parser()
 

@@ -29,7 +29,8 @@ COMPOSE = REPO / "docker-compose.yml"
 RAW: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
 #: What a user puts in .env (deploy/env.example); interpolation needs these.
 TEST_ENV = {"POSTGRES_PASSWORD": "pg-pw", "REDIS_PASSWORD": "redis-pw",
-            "SESSIONFOLD_FLOWER_BASIC_AUTH": "admin:flower-pw"}
+            "SESSIONFOLD_FLOWER_BASIC_AUTH": "admin:flower-pw",
+            "GRAFANA_ADMIN_PASSWORD": "grafana-pw"}
 #: Services that run the sessionfold image (built from deploy/Dockerfile).
 IMAGE_SERVICES = sorted(name for name, svc in RAW["services"].items()
                         if isinstance(svc.get("build"), dict))
@@ -232,11 +233,37 @@ def test_flower_listens_on_5555_behind_basic_auth(compose: dict[str, Any]) -> No
     assert flower["command"] == ["flower"]
     assert env["SESSIONFOLD_FLOWER_PORT"] == "5555"
     assert env["SESSIONFOLD_FLOWER_HOST"] == "0.0.0.0"
-    assert flower["ports"] == ["5555:5555"]
+    assert flower["ports"] == ["127.0.0.1:5555:5555"]
     user, _, password = (env["SESSIONFOLD_FLOWER_BASIC_AUTH"] or "").partition(":")
     assert user and password, "basic auth as user:password"
     assert "/healthcheck" in " ".join(flower["healthcheck"]["test"]), (
         "Flower's /healthcheck answers without credentials; its UI does not")
+
+
+def test_every_published_port_is_bound_to_loopback(compose: dict[str, Any]) -> None:
+    # A web UI (Flower, Grafana, Prometheus) reached from another machine goes through a
+    # reverse proxy that the operator chooses; compose never opens one on every interface.
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
+
+
+def test_grafanas_admin_password_has_no_default() -> None:
+    grafana = RAW["services"]["grafana"]
+    raw = _environment(grafana)["GF_SECURITY_ADMIN_PASSWORD"] or ""
+    assert raw.startswith("${GRAFANA_ADMIN_PASSWORD:?"), raw
+    env = {k: v for k, v in TEST_ENV.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    with pytest.raises(MissingVariableError, match="GRAFANA_ADMIN_PASSWORD"):
+        interpolate(grafana, env)
+
+
+def test_env_example_supplies_every_required_variable(repo: Path) -> None:
+    example = dict(line.split("=", 1) for line in
+                   (repo / "deploy" / "env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    required = set(re.findall(r"\$\{(\w+):\?", COMPOSE.read_text()))
+    assert required == set(TEST_ENV), "TEST_ENV must be exactly what compose requires"
+    assert required <= set(example), f"deploy/env.example lacks {required - set(example)}"
 
 
 def test_metrics_and_healthchecks_use_the_same_port(compose: dict[str, Any]) -> None:

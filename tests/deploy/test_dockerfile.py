@@ -131,7 +131,7 @@ def test_the_entrypoint_is_the_sessionfold_command(dockerfile: Any, repo: Path) 
     assert entry is not None, "exec form, so signals reach sessionfold (and Celery) directly"
     assert entry == ["sessionfold"], entry
     scripts = _pyproject(repo)["project"]["scripts"]
-    assert scripts.get("sessionfold") == "sessionfold.workers.cli:main"
+    assert scripts.get("sessionfold") == "sessionfold.cli.main:main"
     path_dirs = dockerfile.final.env()["PATH"].split(":")
     runs = " ".join(ins.value for ins in dockerfile.final.all("RUN"))
     venv = re.search(r"python -m venv (\S+)", runs)
@@ -353,7 +353,7 @@ def _image_roles(repo: Path) -> set[str]:
 def test_the_installed_wheel_is_what_runs(image_venv: Path) -> None:
     proc = subprocess.run(
         [str(image_venv / "bin" / "python"), "-c",
-         "import sessionfold.workers.cli as c; print(c.__file__)"],
+         "import sessionfold.cli.main as c; print(c.__file__)"],
         capture_output=True, text=True, timeout=60, cwd=image_venv)
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).is_relative_to(image_venv), (
@@ -362,7 +362,7 @@ def test_the_installed_wheel_is_what_runs(image_venv: Path) -> None:
 
 _ROLE_HELP = """
 import contextlib, io, json, sys
-from sessionfold.workers.cli import main
+from sessionfold.cli.main import main
 out = {}
 for role in sys.argv[1:]:
     buf = io.StringIO()

@@ -30,6 +30,7 @@ REQUIRED_ALERTS = {
     "dead letters": "SessionfoldDeadLetters",
     "scheduler lag": "SessionfoldSchedulerLagging",
     "sessions stuck over budget": "SessionfoldSessionsStuckOverBudget",
+    "paused sessions past their budget (issue 9)": "SessionfoldPausedSessionsOverBudget",
 }
 #: Labels every scraped series carries besides its own.
 TARGET_LABELS = {"job", "instance"}
@@ -142,8 +143,10 @@ def sessionfold_metrics() -> dict[str, Exported]:
             pytest.skip("sessionfold.workers.metrics is not written yet")
         raise
     from prometheus_client import CollectorRegistry
+    from sessionfold.service.metrics import ApiMetrics
 
     found = _exported(metrics.Metrics(CollectorRegistry()))
+    found.update(_exported(ApiMetrics(CollectorRegistry())))  # the HTTP API's (issue 13)
     assert found, "sessionfold.workers.metrics.Metrics holds no metric: teach this test more"
     return found
 

@@ -1,7 +1,7 @@
 """Flower, for real: real workers fold real sessions, and a headless Chromium reads the Tasks page.
 
 The stack (embedded Redis under ``tmp_path``, SQLite, two Celery workers, Flower with basic auth)
-is the one ``sessionfold demo`` runs (:class:`~sessionfold.workers.stack.Stack`). Fold jobs are
+is the one ``sessionfold demo`` runs (:class:`~sessionfold.cli.stack.Stack`). Fold jobs are
 enqueued for sessions built from generated operations-agent conversations: some over their
 budget (outcome ``folded``), one well under it (outcome ``nothing-to-fold``). Chromium then loads
 ``/tasks`` with the credentials in the URL; the page fills its table from ``/tasks/datatable``
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessionfold.cli.stack import Stack, StackOptions, free_port
+from sessionfold.cli.standin.opsagent import generate_session
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.workers.celery_app import FOLD_TASK, make_celery, make_enqueue
-from sessionfold.workers.opsagent import generate_session
 from sessionfold.workers.settings import Settings
-from sessionfold.workers.stack import Stack, StackOptions, free_port
 
 pytestmark = [pytest.mark.slow]
 

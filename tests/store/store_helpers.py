@@ -23,7 +23,7 @@ from sessionfold.core.window import (
 from sessionfold.store import SessionStore
 from sessionfold.store.schema import metadata
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 
 #: Small budget so that a few dozen short turns fold; keep two turns.
 POLICY = FoldPolicy(budget_tokens=2000, keep_recent_turns=2)
@@ -79,7 +79,8 @@ def plan(store: SessionStore, sid: str, *, force: bool = False,
     return fold_window(window.items, info.policy, ExtractiveSummarizer(max_chars=300),
                        system=window.system, calibration=info.calibration,
                        trigger="overflow" if force else "threshold", force=force,
-                       target_tokens=target_tokens, latched=store.latched(sid))
+                       target_tokens=target_tokens, latched=store.latched(sid),
+                       originals=lambda seq: store.recover(sid, seq, seq)[0])
 
 
 def hand_fold(items: Sequence[WindowItem], start: int, stop: int,

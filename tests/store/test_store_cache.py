@@ -35,14 +35,15 @@ def test_reads_after_appends_and_folds_match_a_store_without_cache(
         store.append("a", turn(str(i)))
         _same(store, uncached, "a")
     claim = store.claim("a", "job-1")
-    store.commit_fold("a", plan(store, "a"), epoch=claim.epoch, job_id="job-1")
+    store.commit_fold("a", plan(store, "a"), epoch=claim.epoch,
+                      incarnation=claim.incarnation, job_id="job-1")
     _same(store, uncached, "a")
     store.append("a", turn("after"))
     _same(store, uncached, "a")
     # A fold committed by another process (here: the other store) is seen too.
     claim = uncached.claim("a", "job-2", force=True)
     uncached.commit_fold("a", plan(uncached, "a", force=True, target_tokens=600),
-                         epoch=claim.epoch, job_id="job-2")
+                         epoch=claim.epoch, incarnation=claim.incarnation, job_id="job-2")
     _same(store, uncached, "a")
     check_window(store, "a")
 

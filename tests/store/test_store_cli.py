@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from sessionfold.cli.main import main
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SCHEMA_REVISION, SessionStore
-from sessionfold.workers.cli import main
 from store_helpers import plan, turn, user
 
 
@@ -20,7 +20,8 @@ def _folded_session(url: str) -> None:
         store.append("agent-7", [user("keep the build green"),
                                  *[m for i in range(20) for m in turn(str(i))]])
         claim = store.claim("agent-7", "job-1")
-        store.commit_fold("agent-7", plan(store, "agent-7"), epoch=claim.epoch, job_id="job-1")
+        store.commit_fold("agent-7", plan(store, "agent-7"), epoch=claim.epoch,
+                          incarnation=claim.incarnation, job_id="job-1")
     finally:
         store.close()
 
@@ -51,7 +52,8 @@ def test_export_prints_the_session_as_one_json_object(
     assert data["session"] == "agent-7" and data["system"] == "You watch the build."
     assert data["policy"]["budget_tokens"] == 2000
     assert [e["seq"] for e in data["ledger"]] == list(range(41))
-    assert all(set(e) == {"seq", "message"} for e in data["ledger"])
+    assert all(set(e) == {"seq", "origin", "message"} and e["origin"] == "agent"
+               for e in data["ledger"])
     assert data["ledger"][0]["message"] == user("keep the build green")
     assert all(set(w) == {"start_seq", "end_seq", "kind", "message"} for w in data["window"])
     kinds = [w["kind"] for w in data["window"]]

@@ -61,7 +61,8 @@ def test_appends_and_folds_interleave_without_losing_or_repeating_a_turn(
                 result = plan(store, sid, force=inline,
                               target_tokens=POLICY.target_tokens if inline else None)
                 try:
-                    store.commit_fold(sid, result, epoch=claim.epoch, job_id=job_id)
+                    store.commit_fold(sid, result, epoch=claim.epoch,
+                                      incarnation=claim.incarnation, job_id=job_id)
                     folds[sid] += not result.edit.empty
                 except StaleSpanError:
                     stale[sid] += 1

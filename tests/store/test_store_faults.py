@@ -73,7 +73,8 @@ def test_a_backend_killed_mid_commit_leaves_no_half_written_fold(
     try:
         killed = _terminate_before(store, admin, marker)
         with pytest.raises(StoreError, match="rolled back"):
-            store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
+            store.commit_fold("a", result, epoch=claim.epoch,
+                              incarnation=claim.incarnation, job_id="job-1")
         assert killed, "the commit never reached the statement the test kills it at"
     finally:
         admin.dispose()
@@ -83,6 +84,7 @@ def test_a_backend_killed_mid_commit_leaves_no_half_written_fold(
     assert store.get_session("a") == before_info  # still claimed by job-1, same revision
     assert store.spans("a") == [] and store.records("a") == []
     # The job retries (same claim): the fold commits whole.
-    done = store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
+    done = store.commit_fold("a", result, epoch=claim.epoch,
+                             incarnation=claim.incarnation, job_id="job-1")
     assert not done.duplicate and len(store.spans("a")) == len(result.spans)
     check_window(store, "a")

@@ -66,7 +66,8 @@ def test_a_killed_jobs_lease_expires_and_its_redelivery_claims_again(
     assert again.claimed and again.epoch == 2
     # The dead attempt, should it wake up, is stale.
     with pytest.raises(StaleSpanError, match="claimed again"):
-        store.commit_fold("a", plan(store, "a"), epoch=first.epoch, job_id="job-1")
+        store.commit_fold("a", plan(store, "a"), epoch=first.epoch,
+                          incarnation=first.incarnation, job_id="job-1")
 
 
 def test_a_job_enqueued_before_another_claim_stops(store: SessionStore, clock: Clock) -> None:
@@ -87,10 +88,11 @@ def test_the_inline_fallback_always_claims_and_the_background_fold_goes_stale(
     inline = store.claim("a", "inline-1", force=True)
     assert inline.claimed and inline.epoch == background.epoch + 1
     store.commit_fold("a", plan(store, "a", force=True, target_tokens=1000),
-                      epoch=inline.epoch, job_id="inline-1")
+                      epoch=inline.epoch, incarnation=inline.incarnation, job_id="inline-1")
     before = row_counts(store)
     with pytest.raises(StaleSpanError, match="stale"):
-        store.commit_fold("a", planned, epoch=background.epoch, job_id="job-bg")
+        store.commit_fold("a", planned, epoch=background.epoch,
+                          incarnation=background.incarnation, job_id="job-bg")
     after = row_counts(store)
     assert after["folds"] == before["folds"] and after["window_items"] == before["window_items"]
     assert after["compaction_records"] == before["compaction_records"] + 1
@@ -101,7 +103,8 @@ def test_the_inline_fallback_always_claims_and_the_background_fold_goes_stale(
 def test_a_redelivered_job_that_already_committed_stops(store: SessionStore) -> None:
     _session(store)
     claim = store.claim("a", "job-1", enqueued_epoch=0)
-    store.commit_fold("a", plan(store, "a"), epoch=claim.epoch, job_id="job-1")
+    store.commit_fold("a", plan(store, "a"), epoch=claim.epoch,
+                      incarnation=claim.incarnation, job_id="job-1")
     again = store.claim("a", "job-1", enqueued_epoch=0)
     assert again.status == "already-committed"
 
@@ -150,7 +153,8 @@ def test_a_live_claim_or_a_released_one_is_not_counted(store: SessionStore,
     _session(store)
     claim = store.claim("a", "job-1", lease_s=10)
     assert store.claim("a", "job-2", max_abandoned=1).status == "newer-claim"  # live: a twin
-    store.record_visit("a", _visit_record(), job_id="job-1", epoch=claim.epoch)
+    store.record_visit("a", _visit_record(), job_id="job-1", epoch=claim.epoch,
+                       incarnation=claim.incarnation)
     clock.advance(11)
     assert store.claim("a", "job-3", max_abandoned=1).claimed
     assert store.get_session("a").abandoned_folds == 0
@@ -174,10 +178,12 @@ def test_a_finished_visit_or_a_resume_resets_the_count(store: SessionStore, cloc
         store.record_visit("a", _visit_record(), job_id="job-other")
         assert store.get_session("a").abandoned_folds == 3
         if finish == "commit":
-            store.commit_fold("a", plan(store, "a"), epoch=claim.epoch, job_id="job-4")
+            store.commit_fold("a", plan(store, "a"), epoch=claim.epoch,
+                              incarnation=claim.incarnation, job_id="job-4")
         else:
             outcome = "refused" if finish == "refused-visit" else "nothing-to-fold"
-            store.record_visit("a", _visit_record(outcome), job_id="job-4", epoch=claim.epoch)
+            store.record_visit("a", _visit_record(outcome), job_id="job-4", epoch=claim.epoch,
+                               incarnation=claim.incarnation)
     info = store.get_session("a")
     assert info.abandoned_folds == 0 and info.claimed_by is None
     assert store.claim("a", "job-5", max_abandoned=1).claimed
@@ -205,7 +211,8 @@ def test_a_fold_commits_window_span_and_record_together(store: SessionStore) -> 
     claim = store.claim("a", "job-1")
     result = plan(store, "a")
     assert result.record.outcome == "folded" and result.spans
-    committed = store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
+    committed = store.commit_fold("a", result, epoch=claim.epoch,
+                                  incarnation=claim.incarnation, job_id="job-1")
     assert not committed.duplicate
     span = committed.spans[0]
     assert (span.start_seq, span.end_seq) == (result.spans[0].start_seq,
@@ -232,9 +239,11 @@ def test_the_same_job_committing_again_is_a_no_op_success(store: SessionStore) -
     _session(store)
     claim = store.claim("a", "job-1")
     result = plan(store, "a")
-    first = store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
+    first = store.commit_fold("a", result, epoch=claim.epoch,
+                              incarnation=claim.incarnation, job_id="job-1")
     before = row_counts(store)
-    again = store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
+    again = store.commit_fold("a", result, epoch=claim.epoch,
+                              incarnation=claim.incarnation, job_id="job-1")
     assert again.duplicate and again.revision == first.revision
     assert [s.id for s in again.spans] == [s.id for s in first.spans]
     assert row_counts(store) == before
@@ -253,7 +262,8 @@ def test_two_workers_committing_the_same_planned_span_make_one_span(store: Sessi
         barrier.wait()
         claim = store.claim("a", job, force=True)
         try:
-            store.commit_fold("a", result, epoch=claim.epoch, job_id=job)
+            store.commit_fold("a", result, epoch=claim.epoch,
+                              incarnation=claim.incarnation, job_id=job)
             outcomes.append("committed")
         except StaleSpanError:
             outcomes.append("stale")
@@ -277,10 +287,11 @@ def test_a_racing_commit_of_the_same_plan_under_the_same_epoch_loses_on_versions
     _session(store)
     claim = store.claim("a", "job-1")
     result = plan(store, "a")
-    store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
-    store.claim("a", "job-2")  # a fresh claim, then a stale plan of the old window
+    store.commit_fold("a", result, epoch=claim.epoch, incarnation=claim.incarnation, job_id="job-1")
+    fresh = store.claim("a", "job-2")  # a fresh claim, then a stale plan of the old window
     with pytest.raises(StaleSpanError, match=r"gone|changed"):
-        store.commit_fold("a", result, epoch=store.get_session("a").fold_epoch, job_id="job-2")
+        store.commit_fold("a", result, epoch=fresh.epoch, incarnation=fresh.incarnation,
+                          job_id="job-2")
     assert len(store.spans("a")) == len(result.spans)
 
 
@@ -289,12 +300,14 @@ def test_a_fold_planned_on_an_old_revision_overlapping_a_newer_fold_writes_nothi
     _session(store)
     old_items = store.read_window("a").items
     claim = store.claim("a", "job-new")
-    store.commit_fold("a", hand_fold(old_items, 3, 9), epoch=claim.epoch, job_id="job-new")
+    store.commit_fold("a", hand_fold(old_items, 3, 9), epoch=claim.epoch,
+                      incarnation=claim.incarnation, job_id="job-new")
     newer = row_counts(store)
     window_before = store.read_window("a")
     late = store.claim("a", "job-old")
     with pytest.raises(StaleSpanError, match=r"window item #3 changed since the fold was planned"):
-        store.commit_fold("a", hand_fold(old_items, 1, 6), epoch=late.epoch, job_id="job-old")
+        store.commit_fold("a", hand_fold(old_items, 1, 6), epoch=late.epoch,
+                          incarnation=late.incarnation, job_id="job-old")
     after = row_counts(store)
     assert {k: v for k, v in after.items() if k != "compaction_records"} == \
         {k: v for k, v in newer.items() if k != "compaction_records"}
@@ -309,7 +322,8 @@ def test_appends_after_the_plan_commute_with_the_fold(store: SessionStore) -> No
     claim = store.claim("a", "job-1")
     result = plan(store, "a")
     appended = store.append("a", turn("late"))
-    committed = store.commit_fold("a", result, epoch=claim.epoch, job_id="job-1")
+    committed = store.commit_fold("a", result, epoch=claim.epoch,
+                                  incarnation=claim.incarnation, job_id="job-1")
     window = store.read_window("a")
     assert window.items[-2].start_seq == appended.first_seq
     assert window.items[-1].message.to_json() == turn("late")[1]
@@ -324,7 +338,8 @@ def test_retain_discard_blanks_the_folded_originals_and_recover_says_when(
         store: SessionStore, clock: Clock) -> None:
     _session(store, policy=FoldPolicy(budget_tokens=2000, keep_recent_turns=2, retain="discard"))
     claim = store.claim("a", "job-1")
-    committed = store.commit_fold("a", plan(store, "a"), epoch=claim.epoch, job_id="job-1")
+    committed = store.commit_fold("a", plan(store, "a"), epoch=claim.epoch,
+                                  incarnation=claim.incarnation, job_id="job-1")
     span = committed.spans[0]
     assert not span.retained and span.discarded_at == clock.now
     with pytest.raises(DiscardedOriginalsError, match=r"discarded at 2030-01-01T00:00:00"):
@@ -346,7 +361,8 @@ def test_refusals_with_a_fingerprint_are_latched(store: SessionStore) -> None:
                           fingerprint="fp-1"),
                   Refusal(reason="first-user", start_seq=0, end_seq=0)))
     claim = store.claim("a", "job-1")
-    store.record_visit("a", record, job_id="job-1", epoch=claim.epoch)
+    store.record_visit("a", record, job_id="job-1", epoch=claim.epoch,
+                       incarnation=claim.incarnation)
     store.record_visit("a", record)  # latching the same span twice is fine
     assert store.latched("a") == {"fp-1"}
     info = store.get_session("a")
@@ -357,10 +373,10 @@ def test_refusals_with_a_fingerprint_are_latched(store: SessionStore) -> None:
 
 def test_a_visit_of_another_job_does_not_release_the_claim(store: SessionStore) -> None:
     _session(store, steps=1)
-    store.claim("a", "job-1")
+    claim = store.claim("a", "job-1")
     result = plan(store, "a")
     assert result.edit.empty  # under the trigger
-    store.commit_fold("a", result, epoch=99, job_id="job-2")
+    store.commit_fold("a", result, epoch=99, incarnation=claim.incarnation, job_id="job-2")
     assert store.get_session("a").claimed_by == "job-1"
     assert store.records("a")[-1].outcome == "nothing-to-fold"
 
@@ -374,16 +390,18 @@ def test_a_malformed_fold_is_refused_before_anything_is_written(store: SessionSt
     before = row_counts(store)
     with pytest.raises(InvalidInputError, match="cover exactly"):
         store.commit_fold("a", type(broken)(broken.window, gap, broken.record, broken.spans),
-                          epoch=claim.epoch, job_id="job-1")
+                          epoch=claim.epoch, incarnation=claim.incarnation, job_id="job-1")
     mislabeled = broken.record.model_copy(update={"outcome": "refused"})
     with pytest.raises(InvalidInputError, match="recorded as 'folded'"):
         store.commit_fold("a", type(broken)(broken.window, broken.edit, mislabeled,
-                                            broken.spans), epoch=claim.epoch, job_id="job-1")
+                                            broken.spans), epoch=claim.epoch,
+                          incarnation=claim.incarnation, job_id="job-1")
     with pytest.raises(InvalidInputError, match="FoldResult"):
         store.commit_fold("a", {"edit": None}, epoch=claim.epoch,  # type: ignore[arg-type]
-                          job_id="job-1")
+                          incarnation=claim.incarnation, job_id="job-1")
     with pytest.raises(InvalidInputError, match="epoch"):
-        store.commit_fold("a", broken, epoch="1", job_id="job-1")  # type: ignore[arg-type]
+        store.commit_fold("a", broken, epoch="1",  # type: ignore[arg-type]
+                          incarnation=claim.incarnation, job_id="job-1")
     assert row_counts(store) == before
 
 

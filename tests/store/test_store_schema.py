@@ -13,7 +13,7 @@ from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SCHEMA_REVISION, SessionStore
 from sessionfold.store.engine import normalize_url
 from sessionfold.store.migrate import head_revision, upgrade
-from sessionfold.store.schema import VERSION_TABLE, metadata
+from sessionfold.store.schema import VERSION_TABLE, is_declared, metadata
 
 
 def test_the_code_runs_against_the_newest_migration() -> None:
@@ -35,7 +35,8 @@ def test_migrate_creates_the_declared_schema_and_is_idempotent(fresh_url: str) -
         assert store.migrate() == SCHEMA_REVISION  # a second run changes nothing
         assert store.check_schema() == SCHEMA_REVISION
         with store.engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE,
+                                                             "include_name": is_declared})
             diffs = [d for d in compare_metadata(context, metadata)
                      if not (isinstance(d, tuple) and d[0] in ("add_index", "remove_index")
                              and d[1].name == "ix_sessions_over_budget")]

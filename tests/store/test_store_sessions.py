@@ -16,7 +16,7 @@ def test_a_created_session_starts_empty_and_reads_back(store: SessionStore) -> N
     assert (info.id, info.policy, info.system) == ("agent-1", POLICY, "You are terse.")
     assert (info.revision, info.ledger_len, info.fold_epoch, info.window_tokens) == (0, 0, 0, 0)
     assert info.system_tokens > 0 and info.current_tokens == info.system_tokens
-    assert info.trigger_tokens == POLICY.trigger_tokens and not info.over_budget
+    assert info.trigger_tokens == POLICY.trigger_tokens and not info.over_trigger
     assert store.get_session("agent-1") == info
     window = store.read_window("agent-1")
     assert (window.system, window.revision, window.items) == ("You are terse.", 0, [])
@@ -76,7 +76,7 @@ def test_policy_changes_move_the_trigger(store: SessionStore) -> None:
     assert info.policy.budget_tokens == 8000 and info.trigger_tokens == 4000
 
 
-def test_over_budget_finds_unpaused_sessions_past_their_trigger_most_over_first(
+def test_over_trigger_finds_unpaused_sessions_past_their_trigger_most_over_first(
         store: SessionStore) -> None:
     small = FoldPolicy(budget_tokens=1000)  # trigger 850
     for sid, steps in (("quiet", 0), ("over", 12), ("far-over", 30), ("paused", 30)):
@@ -84,14 +84,27 @@ def test_over_budget_finds_unpaused_sessions_past_their_trigger_most_over_first(
         for i in range(steps):
             store.append(sid, turn(f"{sid}{i}"))
     store.set_paused("paused", True)
-    found = [s.id for s in store.over_budget()]
+    found = [s.id for s in store.over_trigger()]
     assert found == ["far-over", "over"]
-    assert all(s.current_tokens > s.trigger_tokens for s in store.over_budget())
-    assert [s.id for s in store.over_budget(limit=1)] == ["far-over"]
+    assert all(s.current_tokens > s.trigger_tokens for s in store.over_trigger())
+    assert [s.id for s in store.over_trigger(limit=1)] == ["far-over"]
     store.set_paused("paused", False)
-    assert set(s.id for s in store.over_budget()) == {"far-over", "over", "paused"}
+    assert set(s.id for s in store.over_trigger()) == {"far-over", "over", "paused"}
     store.set_policy("over", FoldPolicy(budget_tokens=100_000))
-    assert "over" not in {s.id for s in store.over_budget()}
+    assert "over" not in {s.id for s in store.over_trigger()}
+
+
+def test_the_old_name_over_budget_still_answers_for_one_release_and_warns(
+        store: SessionStore) -> None:
+    small = FoldPolicy(budget_tokens=1000)
+    store.create_session("over", small)
+    for i in range(12):
+        store.append("over", turn(f"over{i}"))
+    with pytest.warns(DeprecationWarning, match="over_trigger"):
+        assert store.over_budget() == store.over_trigger()
+    info = store.get_session("over")
+    with pytest.warns(DeprecationWarning, match="over_trigger"):
+        assert info.over_budget is info.over_trigger is True
 
 
 def test_list_sessions_pages_by_id(store: SessionStore) -> None:
@@ -114,7 +127,8 @@ def test_delete_removes_the_session_and_everything_it_holds(store: SessionStore)
     store.append("kept", [user("hello")])
     from store_helpers import plan
     claim = store.claim("gone", "job-1")
-    store.commit_fold("gone", plan(store, "gone"), epoch=claim.epoch, job_id="job-1")
+    store.commit_fold("gone", plan(store, "gone"), epoch=claim.epoch,
+                      incarnation=claim.incarnation, job_id="job-1")
     assert store.spans("gone") and store.records("gone")
     store.dead_letter("job-9", "gone", "gave up", 3, {"why": "test"})
     before = row_counts(store)
@@ -122,7 +136,8 @@ def test_delete_removes_the_session_and_everything_it_holds(store: SessionStore)
     after = row_counts(store)
     assert after["sessions"] == 1 and after["ledger"] == 1 and after["window_items"] == 1
     assert after["folds"] == after["compaction_records"] == after["append_keys"] == 0
-    assert after["dead_letters"] == before["dead_letters"] == 1  # kept for the operator
+    # Its dead letters go with it (issue 14: a deleted session leaves no dead rows).
+    assert before["dead_letters"] == 1 and after["dead_letters"] == 0
     with pytest.raises(SessionNotFoundError):
         store.get_session("gone")
     assert store.read_window("kept").messages()[0].content == "hello"

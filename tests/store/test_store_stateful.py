@@ -35,6 +35,7 @@ POLICY = FoldPolicy(budget_tokens=1500, keep_recent_turns=1)
 class Plan:
     result: FoldResult
     epoch: int
+    incarnation: int
     job_id: str
     committed: bool = False
 
@@ -79,10 +80,11 @@ class FoldMachine(RuleBasedStateMachine):
         result = plan(self.store, self.sid, force=force,
                       target_tokens=POLICY.target_tokens // 2 if force else None)
         if result.edit.empty:
-            self.store.record_visit(self.sid, result.record, job_id=job, epoch=claim.epoch)
+            self.store.record_visit(self.sid, result.record, job_id=job, epoch=claim.epoch,
+                                    incarnation=claim.incarnation)
             assert self.store.get_session(self.sid).claimed_by is None
             return
-        self.plans.append(Plan(result, claim.epoch, job))
+        self.plans.append(Plan(result, claim.epoch, claim.incarnation, job))
 
     @precondition(lambda self: len(self.store.read_window(self.sid).items) >= 3)
     @rule(data=st.data())
@@ -96,7 +98,8 @@ class FoldMachine(RuleBasedStateMachine):
         stop = data.draw(st.sampled_from(stops))
         job = self._job()
         claim = self.store.claim(self.sid, job, force=True, lease_s=3600)
-        self.plans.append(Plan(hand_fold(items, start, stop, text=job), claim.epoch, job))
+        self.plans.append(Plan(hand_fold(items, start, stop, text=job), claim.epoch,
+                               claim.incarnation, job))
 
     @precondition(lambda self: bool(self.plans))
     @rule(data=st.data())
@@ -105,12 +108,12 @@ class FoldMachine(RuleBasedStateMachine):
         info = self.store.get_session(self.sid)
         current = {(i.start_seq, i.version) for i in self.store.read_window(self.sid).items}
         recorded = {(s.start_seq, s.end_seq) for s in self.store.spans(self.sid)}
-        fresh = chosen.epoch == info.fold_epoch and all(
+        fresh = chosen.epoch == info.fold_epoch and info.claimed_by == chosen.job_id and all(
             (i.start_seq, i.version) in current for i in chosen.result.edit.replaced
         ) and not any((s.start_seq, s.end_seq) in recorded for s in chosen.result.spans)
         try:
             done = self.store.commit_fold(self.sid, chosen.result, epoch=chosen.epoch,
-                                          job_id=chosen.job_id)
+                                          incarnation=chosen.incarnation, job_id=chosen.job_id)
         except StaleSpanError:
             assert not chosen.committed and not fresh
             self.stale += 1

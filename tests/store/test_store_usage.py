@@ -71,6 +71,7 @@ def test_a_report_built_before_the_last_fold_is_ignored(store: SessionStore) -> 
     claim = store.claim("a", "job-1")
     items = store.read_window("a").items
     committed = store.commit_fold("a", hand_fold(items, 1, 7), epoch=claim.epoch,
+                                  incarnation=claim.incarnation,
                                   job_id="job-1")
     info = store.get_session("a")
     assert info.fold_revision == committed.revision and info.measured_tokens == 1000
@@ -89,6 +90,18 @@ def test_zero_usage_is_refused_unless_the_policy_measures_by_estimate(
     store.set_policy("a", FoldPolicy(budget_tokens=4000, measure="estimate"))
     result = store.record_usage("a", {"input_tokens": 0}, seq=6, revision=revision)
     assert not result.accepted and store.get_session("a").measured_tokens is None
+
+
+@pytest.mark.parametrize("usage", [{"input_tokens": 10**30}, {"prompt_tokens": 10**30},
+                                   {"input_tokens": 10**9, "cache_read_input_tokens": 1}])
+def test_a_report_no_context_window_could_hold_is_refused_on_every_backend(
+        store: SessionStore, usage: dict[str, int]) -> None:
+    revision = _session(store)
+    with pytest.raises(UsageUnmeasurableError, match="more than any context window holds"):
+        store.record_usage("a", usage, seq=6, revision=revision)
+    assert store.record_usage_batch([UsageReport(session_id="a", usage=usage, seq=6,
+                                                 revision=revision)]) == 0
+    assert store.get_session("a").measured_tokens is None
 
 
 @pytest.mark.parametrize(("seq", "revision", "match"), [
@@ -120,6 +133,20 @@ def test_a_batch_keeps_the_latest_report_per_session(store: SessionStore) -> Non
     assert store.record_usage_batch([]) == 0
     with pytest.raises(InvalidInputError, match="UsageReport"):
         store.record_usage_batch([("a", {}, 1, 1)])  # type: ignore[list-item]
+
+
+def test_a_report_may_carry_the_prompt_size_already_read_from_the_providers_usage(
+        store: SessionStore) -> None:
+    # The scheduler passes the number a usage event carries, not a usage dict rebuilt from it.
+    revision = _session(store)
+    store.create_session("b", POLICY)
+    store.append("b", [user("task b")])
+    assert store.record_usage_batch([
+        UsageReport("a", None, seq=6, revision=revision, prompt_tokens=1234),
+        UsageReport("b", None, seq=0, revision=1, prompt_tokens=0),  # zero: not a measurement
+    ]) == 1
+    assert store.get_session("a").measured_tokens == 1234
+    assert store.get_session("b").measured_tokens is None
 
 
 def test_a_batch_measures_each_session_as_a_single_report_would(store: SessionStore) -> None:

@@ -63,12 +63,12 @@ def test_refusals_count_by_reason_and_save_nothing(m: Metrics) -> None:
 
 
 def test_track_fold_times_the_job_and_counts_errors(m: Metrics) -> None:
-    with m.track_fold("overflow") as visit:
-        visit.done(record(trigger="overflow"))
-        visit.done(record(trigger="overflow"))  # reported twice, counted once
+    with m.track_fold("overflow") as timer:
+        timer.done(record(trigger="overflow"))
+        timer.done(record(trigger="overflow"))  # reported twice, counted once
     assert value(m, "sessionfold_folds_total", outcome="folded", trigger="overflow") == 1
     assert value(m, "sessionfold_fold_duration_seconds_count", outcome="folded") == 1
-    with pytest.raises(RuntimeError), m.track_fold() as visit:
+    with pytest.raises(RuntimeError), m.track_fold():
         raise RuntimeError("summarizer exploded")
     assert value(m, "sessionfold_folds_total", outcome="error", trigger="threshold") == 1
     assert value(m, "sessionfold_fold_duration_seconds_count", outcome="error") == 1

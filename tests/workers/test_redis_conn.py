@@ -5,19 +5,13 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from sessionfold.core.errors import RedisUnavailableError
-from sessionfold.workers.redis_conn import (
-    EmbeddedRedis,
-    mapped_errors,
-    redis_client,
-    redis_url_for,
-)
-from sessionfold.workers.settings import Settings
+from sessionfold.workers.redis_conn import EmbeddedRedis, mapped_errors, redis_client
 
 
 @pytest.mark.redis
@@ -48,6 +42,14 @@ def test_unreachable_redis_is_mapped_at_the_boundary() -> None:
 def test_a_malformed_url_is_a_clear_error() -> None:
     with pytest.raises(RedisUnavailableError, match="bad Redis URL"):
         redis_client("http://not-redis/0")
+
+
+def test_a_url_redis_cannot_parse_is_refused_without_showing_its_password() -> None:
+    # A raw "/" ends the authority: redis-py reads "Sekr" as the port and says so in its error.
+    with pytest.raises(RedisUnavailableError, match="bad Redis URL") as info:
+        redis_client("redis://app:Sekr/etWord@cache:6379/0")
+    assert "Sekr" not in str(info.value) and "etWord" not in str(info.value)
+    assert "percent-encode" in str(info.value)
 
 
 @pytest.fixture
@@ -130,26 +132,3 @@ def test_a_long_data_dir_puts_the_socket_where_it_fits(tmp_path: Path) -> None:
         assert client.ping()
         client.close()
         assert (deep / "redis.db").parent.is_dir()
-
-
-def test_redis_url_for_prefers_the_configured_url(tmp_path: Path) -> None:
-    settings = Settings(redis_url="redis://example:6379/3", data_dir=tmp_path)
-    with redis_url_for(settings) as url:
-        assert url == "redis://example:6379/3"
-    assert not (tmp_path / "redis").exists()
-
-
-def test_redis_url_for_runs_an_embedded_server_without_one(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("SESSIONFOLD_REDIS_URL", raising=False)
-    settings = Settings(data_dir=tmp_path)
-    seen: list[Callable[[], bool]] = []
-    with redis_url_for(settings) as url:
-        assert url.startswith("unix://")
-        client = redis_client(url, retries=0)
-        assert client.ping()
-        seen.append(client.ping)
-    with pytest.raises(redis.ConnectionError):
-        seen[0]()

@@ -16,10 +16,10 @@ from pipeline_harness import (
     wait_until,
     worker_process,
 )
+from sessionfold.cli.standin.fakeprovider import FakeProvider
+from sessionfold.client import SessionHandle, connect
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.client import SessionHandle, connect
-from sessionfold.workers.fakeprovider import FakeProvider
 from sessionfold.workers.settings import Settings
 
 NAMES = ("django__django-15554", "sympy__sympy-13091")

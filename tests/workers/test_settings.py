@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,32 @@ def test_env_name_maps_fields_to_variables() -> None:
     assert env_name("redis_url") == "REDIS_URL"
     assert env_name("lock_ttl_s") == "SESSIONFOLD_LOCK_TTL_S"
     assert set(Settings.model_fields) >= {"database_url", "redis_url", "anthropic_api_key"}
+
+
+#: Passwords with every character that ends a URL part somewhere: / # ? @ : %.
+_HARD_PASSWORDS = ["Sekr/etWord", "Sekr#etWord", "Sekr?etWord", "Sekr@etWord", "Sekr:etWord",
+                   "Sekr%etWord", "Qzx/Kvw#Jqp?Wzk@Xjv:Zqy%Vbn"]
+_URL_SETTINGS = {
+    "database_url": ("postgresql+psycopg://app:{pw}@db.internal:5432/sessions", "db.internal"),
+    "redis_url": ("redis://app:{pw}@cache.internal:6379/0", "cache.internal"),
+    "anthropic_base_url": ("https://proxy:{pw}@llm.internal/v1", "llm.internal"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(_URL_SETTINGS))
+@pytest.mark.parametrize("password", _HARD_PASSWORDS)
+@pytest.mark.parametrize("escaped", [True, False], ids=["percent-encoded", "raw"])
+def test_no_url_setting_shows_a_password_whatever_characters_it_holds(
+        field: str, password: str, escaped: bool) -> None:
+    from urllib.parse import quote
+
+    template, host = _URL_SETTINGS[field]
+    url = template.format(pw=quote(password, safe="") if escaped else password)
+    text = repr(Settings(**{field: url}))
+    # Not the password, nor any piece of it a parser might have cut off and shown as a host,
+    # a path, a query or a fragment.
+    pieces = [p for p in re.split(r"[/#?@:%]", password) if len(p) > 1]
+    for secret in [password, quote(password, safe=""), *pieces]:
+        assert secret not in text, f"{field}={url!r} shows {secret!r}: {text}"
+    if escaped:  # a well-formed URL still says where it points
+        assert host in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,18 +19,19 @@ from pipeline_harness import (
     wait_until,
     worker_process,
 )
+from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault
 from sessionfold.core.errors import TransientSummarizerError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import SummarizerUsage
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import FOLD_TASK, WorkerRuntime, make_celery, make_enqueue
-from sessionfold.workers.fakeprovider import FakeProvider, Fault
-from sessionfold.workers.folding import FoldJob
-from sessionfold.workers.gate import SummarizerSlots, summarizer_cost_usd
+from sessionfold.workers.fold_procedure import FoldJob
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
+from sessionfold.workers.prices import summarizer_cost_usd
 from sessionfold.workers.redis_conn import redis_client
 from sessionfold.workers.settings import Settings
+from sessionfold.workers.slots import SummarizerSlots
 from sessionfold.workers.tasks import _fold, retry_countdown
 
 # Only the paid layer: a visit either summarizes or folds nothing, so counting summarizer calls
@@ -227,7 +228,7 @@ def test_past_its_spend_cap_a_session_folds_with_the_free_layers_only(
     conv = transcript_session("django__django-15554", 60)
     runtime.store.create_session(sid, FoldPolicy(budget_tokens=8000), conv.system)
     runtime.store.append(sid, conv.messages)
-    key = runtime.keys.summarizer_spend(sid)
+    key = runtime.keys.summarizer_spend(sid, runtime.store.get_session(sid).incarnation)
     runtime.redis.set(key, 0.02)  # already spent more than the cap
     calls_before = pipeline.provider.stats.calls
     report = _fold(runtime, FoldJob(sid, "job-1"))
@@ -240,6 +241,30 @@ def test_past_its_spend_cap_a_session_folds_with_the_free_layers_only(
     assert runtime.spend.spent(key) == pytest.approx(summarizer_cost_usd(report.summarizer_usage))
     runtime.redis.delete(key)
     runtime.close()
+
+
+def test_a_session_created_again_does_not_inherit_the_spend_of_its_predecessor(
+        make_settings: Callable[..., Settings], redis_url: str) -> None:
+    settings = make_settings(session_spend_cap_usd=0.01)
+    with SessionStore.from_url(settings.database_url) as store:
+        store.migrate()
+    runtime = WorkerRuntime(settings, redis_url)
+    conv = transcript_session("django__django-15554", 60)
+    try:
+        runtime.store.create_session("s", FoldPolicy(budget_tokens=8000), conv.system)
+        runtime.store.append("s", conv.messages)
+        spent = runtime.keys.summarizer_spend("s", runtime.store.get_session("s").incarnation)
+        runtime.redis.set(spent, 0.02)  # the first session spent more than the cap
+        capped = _fold(runtime, FoldJob("s", "job-1"))
+        assert "spend cap" in capped.detail and capped.summarizer_calls == 0
+        runtime.store.delete_session("s")
+        runtime.store.create_session("s", FoldPolicy(budget_tokens=8000), conv.system)
+        runtime.store.append("s", conv.messages)
+        fresh = _fold(runtime, FoldJob("s", "job-2"))
+        assert "spend cap" not in fresh.detail and fresh.summarizer_calls >= 1
+        assert fresh.outcome == "folded"
+    finally:
+        runtime.close()
 
 
 def test_global_summarizer_slots_cap_concurrent_calls(redis_conn: redis.Redis,

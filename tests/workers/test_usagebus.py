@@ -24,6 +24,12 @@ from sessionfold.workers.usagebus import (
 pytestmark = pytest.mark.redis
 
 
+@pytest.fixture
+def redis_keys(redis_prefix: str) -> Keys:
+    """One partition: these tests are about one stream (partitions have tests of their own)."""
+    return Keys(redis_prefix, partitions=1)
+
+
 def event(sid: str = "s1", seq: int = 1, revision: int = 1, tokens: int = 1000,
           **kw: Any) -> UsageEvent:
     return UsageEvent(session_id=sid, seq=seq, revision=revision, input_tokens=tokens, **kw)
@@ -52,7 +58,7 @@ def test_an_event_round_trips_through_the_stream(redis_conn: redis.Redis,
                     cache_read_input_tokens=30_000, cache_creation_input_tokens=800,
                     output_tokens=350, model="claude-haiku-5-5", time=1_700_000_000.25)
     publish(redis_conn, redis_keys, [ev])
-    [(_, fields)] = redis_conn.xrange(redis_keys.usage_stream())
+    [(_, fields)] = redis_conn.xrange(redis_keys.usage_stream(0))
     assert list(fields) == [FIELD]  # one field: readers pay per field
     assert UsageEvent.from_fields(fields) == ev
     assert ev.prompt_tokens == 32_000
@@ -95,7 +101,7 @@ def consumer(client: redis.Redis, keys: Keys, name: str, **kw: Any) -> UsageCons
 
 
 def pending(client: redis.Redis, keys: Keys, group: str = "schedulers") -> int:
-    return int(client.xpending(keys.usage_stream(), group)["pending"])
+    return int(client.xpending(keys.usage_stream(0), group)["pending"])
 
 
 def test_a_consumer_reads_in_batches_and_entries_stay_pending_until_acked(
@@ -108,7 +114,7 @@ def test_a_consumer_reads_in_batches_and_entries_stay_pending_until_acked(
     assert [e.event for b in batches for e in b] == events
     assert pending(redis_conn, redis_keys) == 25
     assert c.ack(batches[0]) == 10
-    assert c.ack([e.entry_id for e in batches[1] + batches[2]]) == 15
+    assert c.ack(batches[1] + batches[2]) == 15
     assert pending(redis_conn, redis_keys) == 0
 
 
@@ -145,7 +151,7 @@ def test_a_dead_consumers_unacked_entries_are_claimed_by_another(
     claimed = rescuer.read()
     assert sorted(e.event.seq for e in claimed) == [0, 1, 2, 3, 4]
     assert rescuer.claimed == 5
-    owners = redis_conn.xpending_range(redis_keys.usage_stream(), "schedulers", "-", "+", 100,
+    owners = redis_conn.xpending_range(redis_keys.usage_stream(0), "schedulers", "-", "+", 100,
                                        consumername="rescuer")
     assert len(owners) == 5
     rescuer.ack(claimed)
@@ -154,7 +160,7 @@ def test_a_dead_consumers_unacked_entries_are_claimed_by_another(
 
 def test_malformed_entries_are_acknowledged_and_skipped(redis_conn: redis.Redis,
                                                         redis_keys: Keys) -> None:
-    stream = redis_keys.usage_stream()
+    stream = redis_keys.usage_stream(0)
     redis_conn.xadd(stream, {"session": "s1", "seq": "3"})  # not our layout
     redis_conn.xadd(stream, {FIELD: b"{not json"})
     redis_conn.xadd(stream, {FIELD: b'["s1", 1, 2]'})  # too short
@@ -177,7 +183,7 @@ def test_dead_consumers_without_pending_entries_are_pruned(redis_conn: redis.Red
     me.ack(me.read())
     time.sleep(0.05)
     assert me.prune_consumers(idle_ms=20) == 1
-    names = {c["name"] for c in redis_conn.xinfo_consumers(redis_keys.usage_stream(),
+    names = {c["name"] for c in redis_conn.xinfo_consumers(redis_keys.usage_stream(0),
                                                            "schedulers")}
     assert names == {b"holding", b"me"}
 
@@ -206,9 +212,10 @@ def test_a_consumer_rides_out_a_redis_restart(private_redis: Any) -> None:
 def test_a_consumer_without_redis_waits_and_returns_empty(private_redis: Any) -> None:
     client = redis_client(private_redis.url, socket_connect_timeout=0.5, retries=0)
     private_redis.kill()
-    c = consumer(client, Keys("x:"), "a", reconnect_max_s=0.05)
+    c = consumer(client, Keys("x:", partitions=1), "a", reconnect_max_s=0.05)
     assert c.read() == []
-    assert c.ack([b"1-0"]) == 0  # a lost ack is not an error: the entry comes back
+    # A lost ack is not an error: the entry comes back.
+    assert c.ack([StreamEntry(b"1-0", event(), 0)]) == 0
 
 
 # --- publishing ------------------------------------------------------------------------------
@@ -218,7 +225,7 @@ def test_the_stream_is_trimmed_approximately(redis_conn: redis.Redis, redis_keys
     publisher = UsagePublisher(redis_conn, redis_keys, maxlen=100)
     for i in range(1000):
         publisher.publish(event(seq=i))
-    length = redis_conn.xlen(redis_keys.usage_stream())
+    length = redis_conn.xlen(redis_keys.usage_stream(0))
     assert 100 <= length < 1000
 
 
@@ -227,7 +234,7 @@ def test_publishing_with_redis_down_never_raises_and_flushes_after_restart(
     clock = FakeClock()
     client = redis_client(private_redis.url, socket_timeout=0.25,
                           socket_connect_timeout=0.25, retries=0)
-    keys = Keys("pub:")
+    keys = Keys("pub:", partitions=1)
     publisher = UsagePublisher(client, keys, maxlen=10_000, buffer_max=5, clock=clock)
     assert publisher.publish(event(seq=0))
     private_redis.kill()
@@ -244,7 +251,7 @@ def test_publishing_with_redis_down_never_raises_and_flushes_after_restart(
     clock.now += 10.0
     assert publisher.publish(event(seq=14))
     assert publisher.buffered == 0
-    seqs = [UsageEvent.from_fields(f).seq for _, f in client.xrange(keys.usage_stream())]
+    seqs = [UsageEvent.from_fields(f).seq for _, f in client.xrange(keys.usage_stream(0))]
     assert seqs == [9, 10, 11, 12, 13, 14]  # the new server lost seq 0; order kept
     assert any("reachable again" in r.getMessage() for r in caplog.records)
 
@@ -252,7 +259,8 @@ def test_publishing_with_redis_down_never_raises_and_flushes_after_restart(
 def test_a_zero_buffer_drops_during_an_outage(private_redis: Any) -> None:
     clock = FakeClock()
     client = redis_client(private_redis.url, socket_connect_timeout=0.25, retries=0)
-    publisher = UsagePublisher(client, Keys("z:"), maxlen=10_000, buffer_max=0, clock=clock)
+    publisher = UsagePublisher(client, Keys("z:", partitions=1), maxlen=10_000, buffer_max=0,
+                               clock=clock)
     private_redis.kill()
     assert not publisher.publish(event(seq=1))
     assert not publisher.publish(event(seq=2))
@@ -260,7 +268,7 @@ def test_a_zero_buffer_drops_during_an_outage(private_redis: Any) -> None:
     private_redis.start()
     clock.now += 10
     assert publisher.publish(event(seq=3))
-    assert [UsageEvent.from_fields(f).seq for _, f in client.xrange("z:usage")] == [3]
+    assert [UsageEvent.from_fields(f).seq for _, f in client.xrange("z:usage:{p0}")] == [3]
 
 
 def test_one_publisher_serves_many_threads(redis_conn: redis.Redis, redis_keys: Keys) -> None:
@@ -275,7 +283,7 @@ def test_one_publisher_serves_many_threads(redis_conn: redis.Redis, redis_keys: 
         th.start()
     for th in threads:
         th.join()
-    entries = redis_conn.xrange(redis_keys.usage_stream())
+    entries = redis_conn.xrange(redis_keys.usage_stream(0))
     assert len(entries) == 400
     events = [UsageEvent.from_fields(f) for _, f in entries]
     for t in range(8):

@@ -1,0 +1,7 @@
+"""``python -m sessionfold.cli``: the ``sessionfold`` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The ``sessionfold`` subcommands, one module per area (each has ``register(subparsers)``)."""

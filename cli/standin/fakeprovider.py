@@ -1,0 +1,823 @@
+"""A scripted model provider that speaks the Anthropic Messages API, for tests, replay and demos.
+
+No API key, no network: the real ``anthropic`` SDK talks to it, so its retries, errors and usage
+objects are the real ones. Two ways to use one :class:`FakeProvider`:
+
+- **in process**: ``provider(system, messages)`` sends the request through the SDK over an
+  ``httpx2.MockTransport`` and returns the SDK's ``Message`` (or raises the SDK's error) — the
+  shape ``SessionHandle.call(fn)`` expects of ``fn``;
+- **over HTTP**: ``with provider.serve() as server:`` runs a small local server answering
+  ``POST /v1/messages`` (and ``/v1/messages/count_tokens``) at ``server.base_url``, so another
+  process (a Celery worker's ``AnthropicSummarizer(base_url=...)``) can use it too.
+
+What makes it useful rather than a stub:
+
+- **Counted differently from the estimator**: it reports a request's size as ``chars /
+  chars_per_token`` (default 3.6) plus a fixed ``overhead_tokens`` for the system prompt framing and
+  tool definitions, never the ``cl100k`` estimate, so the per-session calibration has real work.
+- **A context window**: a request over ``context_window`` tokens is rejected with Anthropic's own
+  400 body, ``prompt is too long: N tokens > M maximum``.
+- **Prompt caching**: a request whose content carries ``cache_control`` reports the prefix up to
+  the last marker as ``cache_read_input_tokens`` when that prefix was seen before (else as
+  ``cache_creation_input_tokens``), so ``input_tokens`` alone undercounts, as it does for real.
+- **A script of faults** consumed one per request: ``provider.script(Fault.overloaded(),
+  Fault.overloaded(), Fault.overloaded())`` makes the next three requests answer 529, then
+  normal service resumes; ``Fault.rate_limited(retry_after=2)``, ``Fault.bad_request()``
+  (permanent) and ``provider.fail_always(Fault.bad_request())`` too.
+- **Summaries that keep identifiers**: a request from sessionfold's ``AnthropicSummarizer`` is
+  answered with a short summary naming the identifiers it lists as must-keep and the
+  transcript's most frequent ones (see :func:`echo_reply`), so folds pass the retention check
+  as they would with a good model.
+- **Calls held in flight**: ``provider.hold()`` makes requests wait (already counted) until
+  ``provider.release()``; ``provider.wait_for_calls(n)`` blocks until ``n`` have arrived — a
+  test can act while a worker's summarizer call is in flight. ``latency_s`` slows every call.
+- **Tool calls**: ``provider.script_reply(ToolUse("sessionfold_recall", {"query": "ACCT-1"}))``
+  makes the next agent request (not a summarizer's) answer with that tool call, as the real API
+  does (``stop_reason: "tool_use"``, a ``toolu_`` id, usage); a reply may be text, one
+  :class:`ToolUse` or a list of both (blocks in order). A ``reply`` callback may return the same
+  to decide from the request. Without a script, replies are text as before.
+- **What was asked**: with ``keep_requests=N`` the last N request bodies are kept in
+  ``provider.requests`` (tools, messages and all, in the shape they were sent), for a test to
+  read what the model was sent.
+- **Streaming**: a request with ``"stream": true`` is answered with Server-Sent Events as the
+  API sends them (``message_start`` with the usage and its cache fields, ``content_block_start``
+  / ``content_block_delta`` (``text_delta``, ``input_json_delta``) / ``content_block_stop`` per
+  block, ``message_delta`` with the stop reason and output usage, ``message_stop``), so the
+  SDK's ``messages.stream(...)`` and ``create(stream=True)`` work, tool calls included. Faults
+  and "prompt is too long" still answer before the stream starts, as an HTTP error.
+- **The OpenAI chat shape**: ``POST /v1/chat/completions`` answers as OpenAI does (``choices``,
+  ``tool_calls``, ``usage`` with ``prompt_tokens_details.cached_tokens``; ``stream: true`` sends
+  ``chat.completion.chunk`` events ending with ``data: [DONE]``, the usage chunk only with
+  ``stream_options.include_usage``), so the real ``openai`` SDK works against it. The request is
+  read through :func:`~sessionfold.core.messages.from_openai`: reply callbacks and the script see
+  it in the Anthropic shape, and it is counted, scripted and faulted as a Messages request is.
+  Its prompt cache is OpenAI's, automatic: the longest prefix of messages seen before (of at
+  least 1,024 tokens, in steps of 128) is reported as cached. Too long is OpenAI's 400
+  ``context_length_exceeded``.
+
+Example::
+
+    provider = FakeProvider(context_window=50_000)
+    reply = provider("You are terse.", [{"role": "user", "content": "hello"}])
+    reply.usage.input_tokens          # the provider's own count
+
+    with provider.serve() as server:
+        client = anthropic.Anthropic(api_key="fake", base_url=server.base_url, max_retries=0)
+        with client.messages.stream(model="m", max_tokens=64, messages=[...]) as stream:
+            text = "".join(stream.text_stream)
+        chat = openai.OpenAI(api_key="fake", base_url=server.base_url + "/v1", max_retries=0)
+        chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anthropic
+import httpx2
+from anthropic.types import Message as AnthropicMessage
+from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.messages import from_openai
+from sessionfold.core.retention import find_identifiers
+
+__all__ = [
+    "FakeProvider",
+    "FakeProviderServer",
+    "Fault",
+    "ProviderAnswer",
+    "ProviderStats",
+    "Reply",
+    "ToolUse",
+    "echo_reply",
+]
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A tool call the stand-in model makes: ``name`` and ``input`` (``id``: generated, in the
+    API's ``toolu_`` form, when not given)."""
+
+    name: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+    def block(self, make_id: Callable[[], str]) -> dict[str, Any]:
+        return {"type": "tool_use", "id": self.id or make_id(), "name": self.name,
+                "input": dict(self.input)}
+
+
+#: A reply: the assistant's text, one tool call, or a list of both (content blocks in order).
+Reply = str | ToolUse | Sequence[str | ToolUse]
+#: What a reply function receives (the request body) and returns (the assistant's reply).
+ReplyFn = Callable[[Mapping[str, Any]], Reply]
+
+DEFAULT_MODEL = "fake-model-1"
+#: OpenAI caches a prompt's prefix from this many tokens on, in steps of OPENAI_CACHE_STEP.
+OPENAI_CACHE_MIN_TOKENS = 1024
+OPENAI_CACHE_STEP = 128
+#: Characters per delta of a streamed text or tool input (the API sends a few words at a time).
+STREAM_PIECE_CHARS = 24
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scripted failure: the HTTP status, the Anthropic error type and message, and headers."""
+
+    status: int
+    error_type: str
+    message: str
+    retry_after: float | None = None
+    #: OpenAI's error ``code`` (``context_length_exceeded``); Anthropic's errors have none.
+    code: str | None = None
+
+    @classmethod
+    def overloaded(cls) -> Fault:
+        return cls(529, "overloaded_error", "Overloaded")
+
+    @classmethod
+    def rate_limited(cls, retry_after: float | None = 1.0) -> Fault:
+        return cls(429, "rate_limit_error",
+                   "Number of request tokens has exceeded your rate limit.", retry_after)
+
+    @classmethod
+    def server_error(cls) -> Fault:
+        return cls(500, "api_error", "Internal server error")
+
+    @classmethod
+    def bad_request(cls, message: str = "messages: text content blocks must be non-empty") -> Fault:
+        return cls(400, "invalid_request_error", message)
+
+    @classmethod
+    def context_length_exceeded(cls, tokens: int, maximum: int) -> Fault:
+        """OpenAI's answer to a request over the context window."""
+        return cls(400, "invalid_request_error",
+                   f"This model's maximum context length is {maximum} tokens. However, your "
+                   f"messages resulted in {tokens} tokens. Please reduce the length of the "
+                   "messages.", code="context_length_exceeded")
+
+    def body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.error_type, "message": self.message}}
+
+    def openai_body(self) -> dict[str, Any]:
+        """The fault as OpenAI's API words its errors."""
+        return {"error": {"message": self.message, "type": self.error_type, "param": None,
+                          "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"retry-after": f"{self.retry_after:g}"}
+
+
+@dataclass(frozen=True)
+class ProviderAnswer:
+    """One answer: its status and headers, and its JSON ``body`` or, for a streamed request,
+    its Server-Sent ``events`` (each one whole frame; ``body`` is then what they add up to)."""
+
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any] | None = None
+    events: tuple[bytes, ...] | None = None
+
+    @property
+    def content_type(self) -> str:
+        return "text/event-stream" if self.events is not None else "application/json"
+
+    def content(self) -> bytes:
+        if self.events is not None:
+            return b"".join(self.events)
+        return json.dumps(self.body).encode()
+
+
+@dataclass(frozen=True)
+class _Served:
+    """A reply as served, before it is written in either API's shape."""
+
+    content: list[dict[str, Any]]
+    prompt: int
+    cache_read: int
+    cache_created: int
+    model: str
+    chars_per_token: float
+
+    @property
+    def output_tokens(self) -> int:
+        return max(1, round(sum(_block_chars(b) for b in self.content) / self.chars_per_token))
+
+    @property
+    def calls_tools(self) -> bool:
+        return any(block["type"] == "tool_use" for block in self.content)
+
+    def message(self) -> dict[str, Any]:
+        """The Messages API's reply."""
+        usage = {"input_tokens": self.prompt - self.cache_read - self.cache_created,
+                 "output_tokens": self.output_tokens,
+                 "cache_read_input_tokens": self.cache_read,
+                 "cache_creation_input_tokens": self.cache_created}
+        return {"id": f"msg_fake_{uuid.uuid4().hex[:20]}", "type": "message",
+                "role": "assistant", "model": self.model, "content": self.content,
+                "stop_reason": "tool_use" if self.calls_tools else "end_turn",
+                "stop_sequence": None, "usage": usage}
+
+    def chat_completion(self) -> dict[str, Any]:
+        """OpenAI's chat completion (its ``usage`` counts the whole prompt, cached included)."""
+        text = "".join(b["text"] for b in self.content if b["type"] == "text")
+        message: dict[str, Any] = {"role": "assistant", "content": text or None,
+                                   "refusal": None}
+        calls = [{"id": b["id"], "type": "function",
+                  "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
+                 for b in self.content if b["type"] == "tool_use"]
+        if calls:
+            message["tool_calls"] = calls
+        output = self.output_tokens
+        return {"id": f"chatcmpl-fake{uuid.uuid4().hex[:20]}", "object": "chat.completion",
+                "created": int(time.time()), "model": self.model, "system_fingerprint": None,
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": "tool_calls" if calls else "stop"}],
+                "usage": {"prompt_tokens": self.prompt, "completion_tokens": output,
+                          "total_tokens": self.prompt + output,
+                          "prompt_tokens_details": {"cached_tokens": self.cache_read,
+                                                    "audio_tokens": 0},
+                          "completion_tokens_details": {"reasoning_tokens": 0,
+                                                        "audio_tokens": 0}}}
+
+
+@dataclass
+class ProviderStats:
+    """What the provider saw. ``calls`` counts every request, failed ones included."""
+
+    calls: int = 0
+    succeeded: int = 0
+    by_status: Counter[int] = field(default_factory=Counter)
+    #: Prompt tokens (as this provider counts them) of the most recent requests, newest last.
+    recent_prompt_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
+    max_prompt_tokens: int = 0
+
+
+# The identifiers a summarizer request asks to keep, between nonce markers (sessionfold's
+# AnthropicSummarizer writes ``<<<must-keep-NONCE>>>`` ... ``<<<end-must-keep-NONCE>>>``).
+_MUST_KEEP = re.compile(r"<<<must-keep-(?P<nonce>[^>\s]+)>>>\n(?P<body>.*?)\n"
+                        r"<<<end-must-keep-(?P=nonce)>>>", re.DOTALL)
+
+
+def echo_reply(request: Mapping[str, Any]) -> str:
+    """The default reply: short and deterministic, as a cheap model's would be.
+
+    A summarizer request (one carrying a transcript between sessionfold's markers) is answered
+    with a summary that keeps identifiers verbatim, as the instruction asks and a good model
+    does: those the request lists as must-keep, then the transcript's most frequent ones. Any
+    other request gets a sentence naming the request it answers.
+    """
+    messages = request.get("messages") or []
+    last = messages[-1] if messages else {}
+    text = _content_text(last.get("content", "")) if isinstance(last, Mapping) else ""
+    if "<<<transcript-" in text:
+        keep = [line.removeprefix("- ").strip() for match in _MUST_KEEP.finditer(text)
+                for line in match["body"].splitlines() if line.strip()]
+        frequent = [ident for ident, _ in Counter(find_identifiers(text)).most_common(60)]
+        identifiers = list(dict.fromkeys([*keep, *frequent]))
+        summary = (f"The agent worked through {text.count('[')} transcript entries "
+                   f"({len(text)} characters) on its task.")
+        return summary + (" Identifiers: " + "; ".join(identifiers) + "." if identifiers else "")
+    head = " ".join(text.split())[:160]
+    return f"Noted ({len(messages)} messages). Latest: {head}" if head else "Noted."
+
+
+class FakeProvider:
+    """A deterministic stand-in for the Anthropic Messages API (and OpenAI chat completions).
+    Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        context_window: int = 200_000,
+        chars_per_token: float = 3.6,
+        overhead_tokens: int = 400,
+        reply: ReplyFn = echo_reply,
+        latency_s: float = 0.0,
+        model: str = DEFAULT_MODEL,
+        keep_requests: int = 0,
+    ) -> None:
+        if context_window < 1:
+            raise ValueError(f"context_window must be positive, got {context_window}")
+        if chars_per_token <= 0:
+            raise ValueError(f"chars_per_token must be positive, got {chars_per_token}")
+        if overhead_tokens < 0 or latency_s < 0 or keep_requests < 0:
+            raise ValueError("overhead_tokens, latency_s and keep_requests must not be negative")
+        self.context_window = context_window
+        self.chars_per_token = chars_per_token
+        self.overhead_tokens = overhead_tokens
+        self.reply = reply
+        self.latency_s = latency_s
+        self.model = model
+        self.stats = ProviderStats()
+        self._lock = threading.Lock()
+        self._script: deque[Fault] = deque()
+        self._replies: deque[Reply] = deque()
+        self._tool_ids = 0
+        #: The last ``keep_requests`` request bodies of /v1/messages, oldest first.
+        self.requests: deque[Mapping[str, Any]] = deque(maxlen=keep_requests)
+        self._always: Fault | None = None
+        self._cached_prefixes: set[str] = set()
+        self._client: anthropic.Anthropic | None = None
+        self._arrived = threading.Condition(self._lock)
+        self._gate = threading.Event()
+        self._gate.set()
+        self.hold_timeout_s = 60.0
+
+    # --- scripting ----------------------------------------------------------------------------
+
+    def script(self, *faults: Fault) -> None:
+        """Queue faults: each of the next ``len(faults)`` requests answers with one, in order."""
+        with self._lock:
+            self._script.extend(faults)
+
+    def script_reply(self, *replies: Reply) -> None:
+        """Queue replies: each of the next agent requests answers with one, in order (a
+        summarizer's request is answered as always and leaves the queue alone)."""
+        with self._lock:
+            self._replies.extend(replies)
+
+    def fail_always(self, fault: Fault | None) -> None:
+        """Answer every request with ``fault`` (None: serve normally again)."""
+        with self._lock:
+            self._always = fault
+
+    def hold(self) -> None:
+        """Make requests wait (after being counted) until :meth:`release`: a call in flight."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def wait_for_calls(self, n: int, timeout_s: float = 30.0) -> bool:
+        """Block until at least ``n`` requests arrived (held ones included); False on timeout."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: self.stats.calls >= n, timeout=timeout_s)
+
+    # --- counting -----------------------------------------------------------------------------
+
+    def count_tokens(self, request: Mapping[str, Any]) -> int:
+        """The request's prompt size as this provider counts it (not the cl100k estimate)."""
+        chars = len(_system_text(request.get("system")))
+        chars += sum(len(json.dumps(t, sort_keys=True)) for t in request.get("tools") or [])
+        for message in request.get("messages") or []:
+            chars += _message_chars(message)
+        per_message = 3 * len(request.get("messages") or [])
+        return self.overhead_tokens + per_message + round(chars / self.chars_per_token)
+
+    # --- serving a request --------------------------------------------------------------------
+
+    def handle(self, path: str, request: Mapping[str, Any]) -> tuple[int, dict[str, str],
+                                                                      dict[str, Any]]:
+        """Answer one API request as JSON: ``(status, headers, body)``. A request asking to
+        stream gets the message its events would add up to; :meth:`answer` streams."""
+        answer = self._route(path, request, stream=False)
+        return answer.status, answer.headers, answer.body or {}
+
+    def answer(self, path: str, request: Mapping[str, Any]) -> ProviderAnswer:
+        """Answer one API request as the API would: JSON, or Server-Sent Events when the
+        request says ``"stream": true``. Both transports call this."""
+        return self._route(path, request, stream=request.get("stream") is True)
+
+    def _route(self, path: str, request: Mapping[str, Any], *, stream: bool) -> ProviderAnswer:
+        route = path.split("?", 1)[0].rstrip("/")
+        if route.endswith("/v1/messages/count_tokens"):
+            return ProviderAnswer(200, {}, {"input_tokens": self.count_tokens(request)})
+        if route.endswith("/v1/chat/completions"):
+            return self._chat(request, stream=stream)
+        if not route.endswith("/v1/messages"):
+            return ProviderAnswer(404, {}, {"type": "error", "error": {
+                "type": "not_found_error", "message": f"no route {path}"}})
+        problem = _malformed(request)
+        if problem:
+            return ProviderAnswer(400, {}, Fault.bad_request(problem).body())
+        served = self._serve(request, request, chat=False)
+        if isinstance(served, Fault):
+            return ProviderAnswer(served.status, served.headers(), served.body())
+        body = served.message()
+        if stream:
+            return ProviderAnswer(200, {}, body, tuple(_message_events(body)))
+        return ProviderAnswer(200, {}, body)
+
+    def _chat(self, request: Mapping[str, Any], *, stream: bool) -> ProviderAnswer:
+        """``POST /v1/chat/completions``: read as a Messages request, answered in OpenAI's shape."""
+        converted = _messages_request(request)
+        if isinstance(converted, str):
+            return ProviderAnswer(400, {}, Fault.bad_request(converted).openai_body())
+        served = self._serve(converted, request, chat=True)
+        if isinstance(served, Fault):
+            return ProviderAnswer(served.status, served.headers(), served.openai_body())
+        completion = served.chat_completion()
+        if stream:
+            options = request.get("stream_options")
+            usage = isinstance(options, Mapping) and options.get("include_usage") is True
+            return ProviderAnswer(200, {}, completion,
+                                  tuple(_chat_events(completion, include_usage=usage)))
+        return ProviderAnswer(200, {}, completion)
+
+    def _serve(self, request: Mapping[str, Any], sent: Mapping[str, Any], *,
+               chat: bool) -> Fault | _Served:
+        """The reply to a well-formed request (in the Messages shape; ``sent`` as it came), or
+        the fault it meets: counted, held, scripted and cached the same way for both shapes."""
+        prompt = self.count_tokens(request)
+        with self._lock:
+            self.stats.calls += 1
+            self._arrived.notify_all()
+        # Outside the lock: held and slow requests must not block each other or the counters.
+        self._gate.wait(self.hold_timeout_s)
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        with self._lock:
+            self.stats.recent_prompt_tokens.append(prompt)
+            self.stats.max_prompt_tokens = max(self.stats.max_prompt_tokens, prompt)
+            fault = self._script.popleft() if self._script else self._always
+            if fault is None and prompt > self.context_window:
+                fault = (Fault.context_length_exceeded(prompt, self.context_window) if chat
+                         else Fault.bad_request(f"prompt is too long: {prompt} tokens > "
+                                                f"{self.context_window} maximum"))
+            if fault is not None:
+                self.stats.by_status[fault.status] += 1
+                return fault
+            self.stats.succeeded += 1
+            self.stats.by_status[200] += 1
+            cached = (0, self._openai_cached(request)) if chat else self._cache_split(
+                request, prompt)
+            if self.requests.maxlen:
+                self.requests.append(sent)
+            scripted = (self._replies.popleft()
+                        if self._replies and not _is_summarizer_request(request) else None)
+        reply = scripted if scripted is not None else self.reply(request)
+        content = self._content(reply, self._next_call_id if chat else self._next_tool_id)
+        created, read = cached
+        return _Served(content=content, prompt=prompt, cache_read=read, cache_created=created,
+                       model=str(request.get("model") or self.model),
+                       chars_per_token=self.chars_per_token)
+
+    def _content(self, reply: Reply,
+                 make_id: Callable[[], str] | None = None) -> list[dict[str, Any]]:
+        """The content blocks of ``reply``, tool calls given fresh ids where they have none."""
+        parts: Sequence[str | ToolUse] = [reply] if isinstance(reply, str | ToolUse) else reply
+        blocks = [{"type": "text", "text": part} if isinstance(part, str)
+                  else part.block(make_id or self._next_tool_id) for part in parts]
+        return blocks or [{"type": "text", "text": "Noted."}]
+
+    def _next_tool_id(self) -> str:
+        with self._lock:
+            self._tool_ids += 1
+            return f"toolu_fake_{self._tool_ids:06d}_{uuid.uuid4().hex[:8]}"
+
+    def _next_call_id(self) -> str:
+        with self._lock:
+            self._tool_ids += 1
+            return f"call_fake_{self._tool_ids:06d}_{uuid.uuid4().hex[:8]}"
+
+    def _cache_split(self, request: Mapping[str, Any], prompt: int) -> tuple[int, int]:
+        """(cache write, cache read) tokens for the prefix up to the last cache_control marker.
+
+        Called under the lock: the set of seen prefixes is shared by every thread.
+        """
+        prefix = _cached_prefix(request)
+        if prefix is None:
+            return 0, 0
+        tokens = min(prompt, self.count_tokens(prefix))
+        digest = hashlib.sha256(json.dumps(prefix, sort_keys=True).encode()).hexdigest()
+        if digest in self._cached_prefixes:
+            return 0, tokens
+        self._cached_prefixes.add(digest)
+        return tokens, 0
+
+    def _openai_cached(self, request: Mapping[str, Any]) -> int:
+        """OpenAI's automatic prompt cache: tokens of the longest prefix of messages (after the
+        system prompt and tools) seen in an earlier request, of at least
+        :data:`OPENAI_CACHE_MIN_TOKENS`, in steps of :data:`OPENAI_CACHE_STEP`. Under the lock."""
+        messages = list(request.get("messages") or [])
+        head = {"system": request.get("system"), "tools": request.get("tools")}
+        digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
+        longest = 0
+        for i, message in enumerate(messages, start=1):
+            digest.update(json.dumps(message, sort_keys=True).encode())
+            key = "openai:" + digest.copy().hexdigest()
+            if key in self._cached_prefixes:
+                longest = i
+            else:
+                self._cached_prefixes.add(key)
+        if not longest:
+            return 0
+        tokens = self.count_tokens({**head, "messages": messages[:longest]})
+        return tokens // OPENAI_CACHE_STEP * OPENAI_CACHE_STEP if (
+            tokens >= OPENAI_CACHE_MIN_TOKENS) else 0
+
+    # --- in process ---------------------------------------------------------------------------
+
+    def anthropic_client(self) -> anthropic.Anthropic:
+        """A real SDK client wired to this provider in process (no retries: the caller decides)."""
+        if self._client is None:
+            transport = httpx2.MockTransport(self._mock_handler)
+            self._client = anthropic.Anthropic(
+                api_key="sk-fake", base_url="http://fake-provider.invalid", max_retries=0,
+                http_client=httpx2.Client(transport=transport))
+        return self._client
+
+    def __call__(self, system: str, messages: Sequence[Mapping[str, Any]], *,
+                 max_tokens: int = 1024, **kwargs: Any) -> AnthropicMessage:
+        """One model call through the real SDK; raises the SDK's own errors."""
+        create: Any = self.anthropic_client().messages.create
+        params: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens,
+                                  "messages": list(messages), **kwargs}
+        if system:
+            params["system"] = system
+        return create(**params)  # type: ignore[no-any-return]
+
+    def _mock_handler(self, request: httpx2.Request) -> httpx2.Response:
+        answer = self.answer(request.url.path, json.loads(request.content or b"{}"))
+        return httpx2.Response(answer.status, content=answer.content(), headers={
+            **answer.headers, "content-type": answer.content_type, "request-id": _request_id()})
+
+    # --- over HTTP ----------------------------------------------------------------------------
+
+    @contextmanager
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[FakeProviderServer]:
+        """Serve this provider over HTTP for the ``with`` block (port 0: a free port)."""
+        server = FakeProviderServer(self, host, port)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+class FakeProviderServer:
+    """A local HTTP server for one :class:`FakeProvider` (threaded: concurrent requests overlap)."""
+
+    def __init__(self, provider: FakeProvider, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.provider = provider
+        self._httpd = ThreadingHTTPServer((host, port), _handler_for(provider))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        name="fake-provider", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.1 with Content-Length on every answer: the SDK keeps connections alive.
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b"{}"
+            try:
+                request = json.loads(raw)
+            except json.JSONDecodeError:
+                self._answer(400, {}, Fault.bad_request("request body is not JSON").body())
+                return
+            answer = provider.answer(self.path, request)
+            if answer.events is None:
+                self._answer(answer.status, answer.headers, answer.body)
+            else:
+                self._stream(answer.headers, answer.events)
+
+        def _stream(self, headers: Mapping[str, str], events: Sequence[bytes]) -> None:
+            # Chunked, one event per chunk, flushed: the client reads each as it is written.
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("transfer-encoding", "chunked")
+            self.send_header("request-id", _request_id())
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            for event in events:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _answer(self, status: int, headers: Mapping[str, str], body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.send_header("request-id", _request_id())
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # quiet: tests and replay print their own progress
+
+    return Handler
+
+
+# --- the two APIs' shapes -----------------------------------------------------------------------
+
+def _messages_request(request: Mapping[str, Any]) -> dict[str, Any] | str:
+    """A chat completions request as the Messages request it amounts to, or why OpenAI would
+    refuse it."""
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: field required (a non-empty list)"
+    try:
+        conversation = from_openai(messages)
+    except InvalidInputError as exc:
+        return f"messages: {exc}"
+    if not conversation.messages:
+        return "messages: at least one user or assistant message is required"
+    tools = []
+    for i, tool in enumerate(request.get("tools") or []):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            return f"tools[{i}]: a function tool needs a function with a name"
+        tools.append({"name": function["name"], "description": function.get("description", ""),
+                      "input_schema": function.get("parameters") or {"type": "object"}})
+    converted: dict[str, Any] = {"model": request.get("model"), "system": conversation.system,
+                                 "messages": [m.to_json() for m in conversation.messages]}
+    if tools:
+        converted["tools"] = tools
+    return converted
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut into the small deltas a stream sends (at least one, maybe empty)."""
+    return [text[i:i + STREAM_PIECE_CHARS]
+            for i in range(0, len(text), STREAM_PIECE_CHARS)] or [""]
+
+
+def _sse(event: str | None, data: Any) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"{head}data: {body}\n\n".encode()
+
+
+def _message_events(message: Mapping[str, Any]) -> Iterator[bytes]:
+    """The Messages API's stream of ``message``, event by event, as the API sends it."""
+    usage = dict(message["usage"])
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {**usage, "output_tokens": 1}}
+    yield _sse("message_start", {"type": "message_start", "message": start})
+    yield _sse("ping", {"type": "ping"})
+    for index, block in enumerate(message["content"]):
+        first: dict[str, Any]
+        if block["type"] == "text":
+            first = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"])]
+        else:
+            first = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": piece}
+                      for piece in ["", *_pieces(json.dumps(block["input"]))]]
+        yield _sse("content_block_start", {"type": "content_block_start", "index": index,
+                                           "content_block": first})
+        for delta in deltas:
+            yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                               "delta": delta})
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    # The usage on message_delta is cumulative: the whole reply's, input counts included.
+    yield _sse("message_delta", {"type": "message_delta", "usage": usage, "delta": {
+        "stop_reason": message["stop_reason"], "stop_sequence": None}})
+    yield _sse("message_stop", {"type": "message_stop"})
+
+
+def _chat_events(completion: Mapping[str, Any], *, include_usage: bool) -> Iterator[bytes]:
+    """OpenAI's stream of ``completion``: ``chat.completion.chunk`` events, then the usage
+    chunk when asked for, then ``[DONE]``."""
+    head = {"id": completion["id"], "object": "chat.completion.chunk",
+            "created": completion["created"], "model": completion["model"],
+            "system_fingerprint": None, **({"usage": None} if include_usage else {})}
+    (choice,) = completion["choices"]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _sse(None, {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": "", "refusal": None})
+    if message["content"]:
+        for piece in _pieces(message["content"]):
+            yield chunk({"content": piece})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                     "function": {"name": call["function"]["name"],
+                                                  "arguments": ""}}]})
+        for piece in _pieces(call["function"]["arguments"]):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, choice["finish_reason"])
+    if include_usage:
+        yield _sse(None, {**head, "choices": [], "usage": completion["usage"]})
+    yield _sse(None, "[DONE]")
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def _malformed(request: Mapping[str, Any]) -> str:
+    """What the real API would reject in the request's shape ("" when it is well formed)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: field required (a non-empty list)"
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
+            return f"messages.{i}.role: must be 'user' or 'assistant'"
+        if not isinstance(message.get("content"), str | list):
+            return f"messages.{i}.content: must be a string or a list of blocks"
+    return ""
+
+
+def _block_chars(block: Mapping[str, Any]) -> int:
+    if block["type"] == "text":
+        return len(block["text"])
+    return len(block["name"]) + len(json.dumps(block["input"]))
+
+
+def _is_summarizer_request(request: Mapping[str, Any]) -> bool:
+    """A request from sessionfold's summarizer: its transcript between nonce markers."""
+    messages = request.get("messages") or []
+    last = messages[-1] if messages else {}
+    return isinstance(last, Mapping) and "<<<transcript-" in _content_text(last.get("content"))
+
+
+def _request_id() -> str:
+    return f"req_fake_{uuid.uuid4().hex[:16]}"
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return "".join(str(b.get("text", "")) for b in system if isinstance(b, Mapping))
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(str(block.get("text", "")))
+        elif kind == "thinking":
+            parts.append(str(block.get("thinking", "")))
+        elif kind == "tool_use":
+            parts.append(str(block.get("name", "")) + json.dumps(block.get("input", {})))
+        elif kind == "tool_result":
+            parts.append(_content_text(block.get("content", "")))
+        else:  # images, documents, redacted thinking: their JSON stands in for their size
+            parts.append(json.dumps(block, sort_keys=True))
+    return "\n".join(parts)
+
+
+def _message_chars(message: Any) -> int:
+    if not isinstance(message, Mapping):
+        return 0
+    return len(_content_text(message.get("content", "")))
+
+
+def _has_marker(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return "cache_control" in value
+    return False
+
+
+def _cached_prefix(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The request cut after its last ``cache_control`` marker, or None without a marker."""
+    messages = list(request.get("messages") or [])
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content") if isinstance(messages[i], Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j in range(len(content) - 1, -1, -1):
+            if _has_marker(content[j]):
+                head = [*messages[:i], {**messages[i], "content": content[:j + 1]}]
+                return {"system": request.get("system"), "tools": request.get("tools"),
+                        "messages": head}
+    system = request.get("system")
+    if isinstance(system, list) and any(_has_marker(b) for b in system):
+        return {"system": system, "tools": request.get("tools"), "messages": []}
+    return None

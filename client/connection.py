@@ -1,0 +1,216 @@
+"""A connection to one sessionfold deployment: :class:`Client`, and :func:`connect`.
+
+::
+
+    client = connect()                      # settings from the environment (embedded defaults)
+    agent = client.session("agent-7", policy=FoldPolicy(budget_tokens=64_000), system=SYSTEM)
+
+The client holds the store, the usage publisher and the summarizer of inline folds, and counts
+the inline folds made through it. Every connection comes from the settings through
+:mod:`sessionfold.workers.wiring`, as in every other process.
+
+Inline folds meet the same guards as the workers' background folds
+(:mod:`sessionfold.workers.summarizer_guard`): each summarizer call holds one of the global
+summarizer slots, and a session past its spend cap goes without the summarizer. The rule when
+they are exhausted: the inline fold still folds, with the cheap layers (masking old tool output,
+dropping thinking) and without the summarizer, and its record says why; an agent is never left
+waiting on a cap. A client with no Redis at all (the embedded server could not start) has no
+global guards to meet: its inline folds call the summarizer unguarded.
+
+Each inline fold is also published on the usage stream, so that a scheduler counts it in
+``/metrics`` (``folds_total{trigger="overflow"}``): the agent's process serves no metrics itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sessionfold.core.errors import (
+    InvalidInputError,
+    RedisUnavailableError,
+    SessionNotFoundError,
+)
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.summarizers import Summarizer
+from sessionfold.store import SessionStore
+from sessionfold.workers.fold_procedure import FoldJob, FoldReport, run_fold
+from sessionfold.workers.metrics import VisitCounts
+from sessionfold.workers.prices import summarizer_cost_usd
+from sessionfold.workers.redis_conn import EmbeddedRedis, RedisClient
+from sessionfold.workers.settings import Settings, env_name
+from sessionfold.workers.summarizer_guard import SummarizerGuard
+from sessionfold.workers.usagebus import FoldEvent, UsagePublisher
+from sessionfold.workers.wiring import (
+    RedisEndpoint,
+    inline_redis_client,
+    make_summarizer,
+    open_redis,
+    open_store,
+    summarizer_guard,
+    usage_publisher,
+)
+
+from .session import OverBudget, SessionHandle
+
+__all__ = ["Client", "connect"]
+
+log = logging.getLogger(__name__)
+
+
+class Client:
+    """A connection to one sessionfold deployment: the store, the usage bus, a summarizer.
+
+    Thread-safe; share one per process. ``summarizer`` (for inline folds) defaults to the one
+    the settings name, made on first use; inline folds call it behind the guards
+    (:attr:`summarizer_guard`) whenever the client has a Redis.
+    ``embedded``: the embedded Redis server this client started (stopped by :meth:`close`).
+    """
+
+    def __init__(self, settings: Settings, store: SessionStore,
+                 publisher: UsagePublisher | None, *, redis_url: str | None = None,
+                 summarizer: Summarizer | None = None,
+                 embedded: EmbeddedRedis | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.publisher = publisher
+        #: The Redis the usage bus is on (an embedded server's socket URL without REDIS_URL).
+        self.redis_url = redis_url or settings.redis_url
+        self._summarizer = summarizer
+        self._embedded = embedded
+        self._guard: SummarizerGuard | None = None
+        self._guard_redis: RedisClient | None = None
+        self._lock = threading.Lock()
+        self._summarizer_calls = 0
+        self._inline_folds = 0
+
+    def __repr__(self) -> str:
+        return f"Client({self.store!r})"
+
+    @property
+    def summarizer(self) -> Summarizer:
+        with self._lock:
+            if self._summarizer is None:
+                self._summarizer = make_summarizer(self.settings)
+            return self._summarizer
+
+    @property
+    def summarizer_guard(self) -> SummarizerGuard | None:
+        """The summarizer behind the global slots and the spend cap, as inline folds call it
+        (made on first use, on a Redis connection with short timeouts); None without Redis."""
+        if self.redis_url is None:
+            return None
+        summarizer = self.summarizer
+        with self._lock:
+            if self._guard is None:
+                self._guard_redis = inline_redis_client(self.settings, self.redis_url)
+                self._guard = summarizer_guard(self.settings, self._guard_redis, summarizer,
+                                               inline=True)
+            return self._guard
+
+    @property
+    def summarizer_calls(self) -> int:
+        """Summarizer calls made on agents' paths (inline folds) through this client."""
+        return self._summarizer_calls
+
+    @property
+    def inline_folds(self) -> int:
+        return self._inline_folds
+
+    def session(self, session_id: str, policy: FoldPolicy | None = None,
+                system: str | None = None, *, over_budget: OverBudget = "send") -> SessionHandle:
+        """A handle on one session; with ``policy`` it is created when absent.
+
+        An existing session takes a new ``policy`` if one is given. Its system prompt is fixed at
+        creation: a different ``system`` raises InvalidInputError rather than silently sending
+        the old one. Without ``policy`` an absent session raises SessionNotFoundError.
+        """
+        if over_budget not in ("send", "fold"):
+            raise InvalidInputError(f"over_budget must be 'send' or 'fold', got {over_budget!r}")
+        try:
+            info = self.store.get_session(session_id)
+        except SessionNotFoundError:
+            if policy is None:
+                raise SessionNotFoundError(
+                    f"no session {session_id!r}; pass policy= to create it") from None
+            info = self.store.create_session(session_id, policy, system or "", exist_ok=True)
+        else:
+            if policy is not None and policy != info.policy:
+                self.store.set_policy(session_id, policy)
+        if system is not None and system != info.system:
+            raise InvalidInputError(
+                f"session {session_id!r} exists with another system prompt; a session's system "
+                "prompt is fixed when it is created")
+        return SessionHandle(self, session_id, over_budget=over_budget)
+
+    def run_inline_fold(self, job: FoldJob) -> FoldReport:
+        """Run ``job`` now, on this thread, through the workers' fold procedure, with the
+        guarded summarizer (see the module doc); count it."""
+        started = time.perf_counter()
+        report = run_fold(self.store, self.summarizer_guard or self.summarizer, job)
+        self._count_inline(report, duration_s=time.perf_counter() - started)
+        return report
+
+    def _count_inline(self, report: FoldReport, *, duration_s: float) -> None:
+        with self._lock:
+            self._inline_folds += 1
+            self._summarizer_calls += report.summarizer_calls
+        if report.record is not None and self.publisher is not None:
+            # This process serves no /metrics: a scheduler counts the visit from the stream.
+            visit = VisitCounts.from_record(
+                report.record, duration_s=duration_s,
+                cost_usd=summarizer_cost_usd(report.summarizer_usage))
+            self.publisher.publish(FoldEvent(visit))  # never raises; buffers while Redis is away
+
+    def close(self) -> None:
+        """Flush buffered usage, close connections, stop an embedded Redis this client started."""
+        if self.publisher is not None:
+            self.publisher.close()
+        if self._guard_redis is not None:
+            self._guard_redis.close()
+        self.store.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(settings: Settings | None = None, *, migrate: bool | None = None) -> Client:
+    """A :class:`Client` for the deployment the settings (default: the environment) name.
+
+    Without ``REDIS_URL`` it uses the embedded Redis server of the data dir (attaching to one
+    that runs, starting one otherwise); without ``DATABASE_URL`` the SQLite store. ``migrate``:
+    apply the store's migrations (default: only for SQLite, the embedded case; PostgreSQL is
+    migrated by ``sessionfold migrate``). If Redis cannot be reached the client still works;
+    usage reports are then buffered and dropped, with a warning.
+    """
+    if settings is None:
+        settings = Settings()
+    embedded_data = settings.embedded_data()
+    if embedded_data is not None:
+        log.info("sessionfold client: %s", embedded_data)
+    store = open_store(settings, migrate=migrate)
+    endpoint: RedisEndpoint | None
+    try:
+        endpoint = open_redis(settings)
+    except RedisUnavailableError as exc:
+        log.warning("no usage bus: %s; usage reports will be dropped", exc)
+        endpoint = None
+    if endpoint is not None and endpoint.owned:
+        # Nobody ran the embedded server of this data dir before us, so no scheduler or worker
+        # runs on it: sessions made here are folded inline only, never in the background.
+        log.warning("sessionfold client: started a new embedded Redis in %s; no pipeline runs "
+                    "on this data dir, so its sessions are not folded in the background. Run "
+                    "`sessionfold up` in the same folder, or point %s (or REDIS_URL and "
+                    "DATABASE_URL) at the running one", settings.data_dir,
+                    env_name("data_dir"))
+    url = endpoint.url if endpoint is not None else None
+    publisher = usage_publisher(settings, url) if url else None
+    # Attached to another process's server: not ours to stop.
+    owned = endpoint.server if endpoint is not None and endpoint.owned else None
+    return Client(settings, store, publisher, redis_url=url, embedded=owned)

@@ -1,0 +1,113 @@
+"""Whether a planned fold pays, and how deep it goes: the planner's use of :mod:`.cost`.
+
+A policy with ``economics="dollars"`` has each background visit priced before anything is
+changed. The planner measures what the visit *could* do (:class:`FoldShape`: the window X, what
+the cheap layers alone would leave, what folding every foldable run would leave, the stable
+head H and the growth per call g) and :func:`decide` turns that into
+:func:`~.cost.choose_fold` options:
+
+- ``cheap-layers``: the window the free layers leave (mask, thin, drop recall), no summary;
+- ``summarize`` (or ``drop-oldest``): the deepest fold the protections allow, every foldable
+  run replaced by one summary (notice), the cheap layers batched into the same rewrite.
+
+Only options at or under the policy's target are offered (the target stays a promise; dollars
+only ever fold deeper), unless none reaches it. The option with the lowest long-run rate wins
+(deep and rare beats shallow and frequent), and the visit folds to *its* target when
+``choose_fold`` says ``ceiling`` or ``pays``, or is refused as ``would-not-pay``.
+
+**The budget always wins.** The ceiling passed to the cost model is
+``max(trigger, budget − g)``: a window whose next call would pass it (``X + g > ceiling``, i.e.
+the call after next would pass the budget) folds whatever it costs, leaving one call of growth
+for the background fold to land. Overflow and forced visits are never priced (the planner does
+not call :func:`decide` for them).
+
+``cold`` (an idle visit: the session was idle longer than its cache's lifetime) prices the fold
+without a write premium: its next call rewrites the prefix anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .cost import FoldChoice, FoldOption, FoldPricing, choose_fold
+from .errors import InvalidInputError
+from .policy import FoldPolicy
+
+__all__ = ["FoldEconomics", "FoldShape", "ceiling_tokens", "decide"]
+
+
+@dataclass(frozen=True, slots=True)
+class FoldEconomics:
+    """What a visit is priced with (given to :func:`~.compact.fold_window`).
+
+    ``cold``: the session's cache has expired (an idle visit). ``growth_tokens``: the window's
+    growth per call when the caller knows it; None: the planner takes the mean size of the
+    window's most recent turns (one turn is about one call's growth). ``pricing.summarizer`` is
+    needed when the policy summarizes (a free summarizer has prices of 0).
+    """
+
+    pricing: FoldPricing
+    cold: bool = False
+    growth_tokens: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FoldShape:
+    """What one visit could do, in the provider's tokens (the planner measures it).
+
+    ``cheap_tokens``: the window after every cheap layer of the policy (None: none applies).
+    ``folded_tokens``: after those and folding every foldable run (None: no folding layer, or
+    nothing to fold). ``summary_tokens``: the summaries that fold writes (0: notices, free).
+    ``summarized_fraction``: the share of the removed tokens the summarizer reads.
+    """
+
+    window_tokens: int
+    head_tokens: int
+    growth_tokens: float
+    cheap_tokens: int | None = None
+    folded_tokens: int | None = None
+    summary_tokens: int = 0
+    summarized_fraction: float = 1.0
+    fold_label: str = "summarize"
+
+
+def ceiling_tokens(policy: FoldPolicy, growth_tokens: float) -> int:
+    """The largest window a background fold may wait for: ``max(trigger, budget − g)``."""
+    return max(policy.trigger_tokens, policy.budget_tokens - math.ceil(growth_tokens))
+
+
+def _options(policy: FoldPolicy, shape: FoldShape) -> list[FoldOption]:
+    x = shape.window_tokens
+    found: list[FoldOption] = []
+    if shape.cheap_tokens is not None and shape.cheap_tokens < x:
+        found.append(FoldOption(target_tokens=max(1, shape.cheap_tokens), label="cheap-layers"))
+    if shape.folded_tokens is not None and shape.folded_tokens < x:
+        target = max(1, shape.folded_tokens)
+        found.append(FoldOption(target_tokens=target,
+                                summary_tokens=min(shape.summary_tokens, target),
+                                summarized_fraction=min(1.0, max(0.0,
+                                                                 shape.summarized_fraction)),
+                                label=shape.fold_label))
+    within = [o for o in found if o.target_tokens <= policy.target_tokens]
+    if within:
+        return within
+    # Nothing reaches the target: the deepest fold there is (the planner does what it can).
+    return sorted(found, key=lambda o: o.target_tokens)[:1]
+
+
+def decide(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape) -> FoldChoice | None:
+    """The cost model's choice for this visit (module doc); None when nothing can be folded."""
+    options = _options(policy, shape)
+    if not options:
+        return None
+    if shape.growth_tokens <= 0 or not math.isfinite(shape.growth_tokens):
+        raise InvalidInputError(f"growth_tokens must be > 0, got {shape.growth_tokens!r}")
+    # The stable head is part of every window the fold leaves (clamped: the shape's figures
+    # are estimates, and the cost model refuses a head larger than a target).
+    head = max(0, min(shape.head_tokens, shape.window_tokens,
+                      *(o.target_tokens for o in options)))
+    return choose_fold(economics.pricing, options, window_tokens=max(0, shape.window_tokens),
+                       ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens),
+                       growth_tokens=shape.growth_tokens, cold=economics.cold,
+                       stable_prefix_tokens=head)

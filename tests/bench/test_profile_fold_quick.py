@@ -1,0 +1,31 @@
+"""``bench/profile_fold.py --quick`` still runs and measures what it says: every timed visit
+folded, CPU time is positive and no more than wall time allows, and the profile names the fold's
+own modules (never a timing assertion)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "profile_fold.py"
+
+
+@pytest.mark.slow
+def test_quick_mode_folds_every_session_and_profiles_the_fold(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (result,) = json.loads(out.read_text())
+    assert result["folds"] == result["folded"] == 5
+    assert result["items"] == 40 and result["tokens_before"] > 0
+    assert 0 < result["cpu_median_ms"] <= result["cpu_p90_ms"]
+    assert result["folds_per_cpu_s"] > 0
+    modules = [name for name, seconds in result["by_module"] if seconds > 0]
+    # The fold's own code shows up under its module names, the planner among them.
+    assert any(name.startswith("sessionfold.core.") for name in modules)
+    assert "CPU ms/fold" in done.stdout

@@ -1,0 +1,141 @@
+"""The inline overflow fallback: the provider says "prompt is too long", the client folds and
+retries once — alone, and while a real worker's background fold of the session is in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+from pipeline_harness import (
+    postgres_url,
+    started,
+    transcript_session,
+    wait_until,
+    worker_process,
+)
+from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault
+from sessionfold.client import AsyncClient, Client, connect
+from sessionfold.core.errors import ContextOverflowError
+from sessionfold.core.messages import Message
+from sessionfold.core.overflow import is_context_overflow
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.workers.celery_app import make_celery, make_enqueue
+from sessionfold.workers.settings import Settings
+
+SID = "agent-overflow"
+POLICY = FoldPolicy(budget_tokens=8000)
+
+
+@pytest.fixture
+def conversation() -> list[Message]:
+    return transcript_session("django__django-15554", 60).messages
+
+
+@pytest.fixture
+def client(make_settings: Callable[..., Settings]) -> Iterator[Client]:
+    with connect(make_settings()) as c:
+        yield c
+
+
+def _agent(client: Client, conversation: list[Message]) -> Any:
+    agent = client.session(SID, policy=POLICY, system="You fix bugs.")
+    agent.append(conversation)
+    return agent
+
+
+def test_overflow_folds_inline_and_the_retry_succeeds(
+        client: Client, conversation: list[Message]) -> None:
+    agent = _agent(client, conversation)
+    provider = FakeProvider(context_window=12_000)
+    reply = agent.call(provider)
+    assert reply.content[0].type == "text"
+    assert provider.stats.by_status == {400: 1, 200: 1}  # rejected once, then served
+    assert provider.stats.recent_prompt_tokens[-1] <= 12_000
+    assert agent.inline_folds == 1 and agent.summarizer_calls >= 1
+    assert client.summarizer_calls == agent.summarizer_calls
+    record = client.store.records(SID)[-1]
+    assert (record.trigger, record.outcome, record.forced) == ("overflow", "folded", True)
+    assert record.target_tokens == POLICY.budget_tokens // 2
+    # The provider's own count from the 400 is what the fold started from.
+    assert record.measured_by == "reported"
+    assert record.measured_tokens == provider.stats.recent_prompt_tokens[0]
+    assert [e.message for e in agent.ledger()] == conversation
+
+
+def test_a_second_overflow_propagates_as_context_overflow_error(
+        client: Client, conversation: list[Message]) -> None:
+    agent = _agent(client, conversation)
+    provider = FakeProvider(context_window=1_000)  # not even the task and the last turns fit
+    with pytest.raises(ContextOverflowError) as info:
+        agent.call(provider)
+    assert isinstance(info.value.__cause__, anthropic.BadRequestError)
+    assert is_context_overflow(info.value)
+    assert provider.stats.by_status == {400: 2}  # one retry, not a loop
+    assert agent.inline_folds == 1
+
+
+def test_other_provider_errors_pass_through_without_folding(
+        client: Client, conversation: list[Message]) -> None:
+    agent = _agent(client, conversation)
+    provider = FakeProvider(context_window=12_000)
+    provider.script(Fault.overloaded())
+    with pytest.raises(anthropic.OverloadedError):
+        agent.call(provider)
+    assert agent.inline_folds == 0 and client.store.spans(SID) == []
+
+
+def test_async_call_folds_inline_on_overflow(
+        make_settings: Callable[..., Settings], conversation: list[Message]) -> None:
+    provider = FakeProvider(context_window=12_000)
+
+    async def scenario() -> int:
+        async with await AsyncClient.connect(make_settings()) as client:
+            agent = await client.session(SID, policy=POLICY)
+            await agent.append(conversation)
+
+            async def model(system: str, messages: list[dict[str, Any]]) -> Any:
+                return await asyncio.to_thread(provider, system, messages)
+
+            await agent.call(model)
+            return agent.summarizer_calls
+
+    assert asyncio.run(scenario()) >= 1
+    assert provider.stats.by_status == {400: 1, 200: 1}
+
+
+def test_inline_fold_wins_over_a_background_fold_in_flight(
+        make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
+        tmp_path: Path, conversation: list[Message]) -> None:
+    database = postgres_url(request)
+    summarizer_api = FakeProvider()  # the worker's summarizer model, held mid-call below
+    summarizer_api.hold()
+    with summarizer_api.serve() as server:
+        worker_settings = make_settings(database_url=database, summarizer="anthropic",
+                                        anthropic_api_key="sk-fake",
+                                        anthropic_base_url=server.base_url, metrics_port=0)
+        started(request, worker_process(worker_settings, tmp_path / "worker.log"))
+        with connect(make_settings(database_url=database)) as client:
+            agent = _agent(client, conversation)
+            app = make_celery(worker_settings)
+            job_id = make_enqueue(app)(SID, None, "threshold", None)
+            # The background job claimed the session and is waiting on its summarizer.
+            assert summarizer_api.wait_for_calls(1, timeout_s=120)
+            assert client.store.get_session(SID).claimed_by == job_id
+            provider = FakeProvider(context_window=12_000)
+            agent.call(provider)
+            assert provider.stats.by_status == {400: 1, 200: 1}
+            assert agent.last_fold is not None and agent.last_fold.outcome == "folded"
+            summarizer_api.release()
+            result = app.AsyncResult(job_id).get(timeout=120)
+            app.close()
+            assert result["session"] == SID and result["outcome"] == "stale"
+            window = client.store.read_window(SID)
+            assert sum(1 for item in window.items if item.kind == "summary") == 1
+            assert {s.job_id for s in client.store.spans(SID)} == {agent.last_fold.job_id}
+            assert [e.message for e in agent.ledger()] == conversation
+            wait_until(lambda: client.store.get_session(SID).claimed_by is None,
+                       timeout_s=30, what="the claim to be released")

@@ -1,0 +1,228 @@
+"""The pre-send guard: through the real client, against the stand-in model (which keeps the
+requests it got), on SQLite and PostgreSQL. A request past the budget goes out under it, the
+same bytes when sent again, and the stored window is left as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+from pipeline_harness import postgres_url
+from prometheus_client import REGISTRY
+from sessionfold.cli.standin.fakeprovider import FakeProvider
+from sessionfold.client import AsyncClient, Client, SessionAnthropic, SessionHandle, connect
+from sessionfold.core.errors import InvalidPolicyError
+from sessionfold.core.layers import MASK_TAG
+from sessionfold.core.messages import parse_message
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.tokens import count_text, default_counter
+from sessionfold.workers.keys import Keys
+from sessionfold.workers.settings import Settings
+from sessionfold.workers.usagebus import UsageEvent
+
+SID = "agent-guarded"
+SYSTEM = "You fix bugs in the billing service."
+POLICY = FoldPolicy(budget_tokens=8000, keep_recent_turns=2)  # guard line: 7,600 tokens
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def client(request: pytest.FixtureRequest,
+           make_settings: Callable[..., Settings]) -> Iterator[Client]:
+    overrides = {} if request.param == "sqlite" else {"database_url": postgres_url(request)}
+    with connect(make_settings(**overrides), migrate=True) as c:
+        yield c
+
+
+@pytest.fixture
+def provider() -> FakeProvider:
+    return FakeProvider(keep_requests=50)
+
+
+def ask(provider: FakeProvider) -> Callable[..., Any]:
+    def fn(system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        return provider(system, messages, tools=tools)
+    return fn
+
+
+def output(n: int, lines: int = 150) -> str:
+    return "\n".join(f"line {j} of file {n}: balance={j * n}" for j in range(lines))
+
+
+def tool_step(n: int, lines: int = 150) -> list[dict[str, Any]]:
+    return [
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {"cmd": f"cat f{n}"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{n}", "content": output(n, lines)}]},
+    ]
+
+
+def grown(client: Client, policy: FoldPolicy = POLICY, steps: int = 8,
+          lines: int = 150) -> SessionHandle:
+    """A session about twice its budget (no pipeline runs here: no fold brings it down)."""
+    agent = client.session(SID, policy=policy, system=SYSTEM)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the rounding bug."}]
+    for n in range(steps):
+        history += tool_step(n, lines)
+    agent.append(history)
+    return agent
+
+
+def estimate(request: Mapping[str, Any]) -> int:
+    """The guard's own measure of a request as sent: system prompt, messages and tools, by the
+    client's counter (a session never measured: its calibration is the identity)."""
+    counter = default_counter()
+    messages = [parse_message(m, i) for i, m in enumerate(request["messages"])]
+    tools = sum(count_text(json.dumps(t, ensure_ascii=False)) for t in request.get("tools", []))
+    return counter.system(request.get("system", "")) + counter.messages(messages) + tools
+
+
+def stored(agent: SessionHandle) -> tuple[int, list[dict[str, Any]]]:
+    window = agent.store.read_window(agent.session_id)
+    return window.revision, [item.to_json() for item in window.items]
+
+
+def guard_count(outcome: str) -> float:
+    return REGISTRY.get_sample_value("sessionfold_guarded_requests_total",
+                                     {"outcome": outcome}) or 0.0
+
+
+def test_a_request_past_the_budget_is_sent_under_it_and_the_same_bytes_again(
+        client: Client, provider: FakeProvider) -> None:
+    agent = grown(client)
+    assert agent.info().current_tokens > POLICY.budget_tokens
+    before = stored(agent)
+    counted = guard_count("guarded")
+
+    agent.call(ask(provider))
+    agent.call(ask(provider))  # nothing appended between: the same window, sent again
+
+    first, again = provider.requests[-2], provider.requests[-1]
+    assert estimate(first) <= POLICY.guard_tokens < POLICY.budget_tokens
+    assert json.dumps(first) == json.dumps(again)  # byte-identical: the cached prefix holds
+    assert agent.guarded_requests == 2 and agent.guard_over_budget == 0
+    assert guard_count("guarded") == counted + 2
+    # The stored window is untouched: same revision, same items, and no fold was recorded.
+    assert stored(agent) == before
+    assert client.store.records(SID) == []
+
+
+def test_the_guard_masks_the_oldest_outputs_with_stubs_naming_their_ledger_seqs(
+        client: Client, provider: FakeProvider) -> None:
+    agent = grown(client)
+    agent.call(ask(provider))
+    sent = provider.requests[-1]["messages"]
+    results = [b for m in sent if isinstance(m["content"], list) for b in m["content"]
+               if b["type"] == "tool_result"]
+    masked = [i for i, b in enumerate(results) if str(b["content"]).startswith(MASK_TAG)]
+    assert masked and masked == list(range(len(masked)))  # oldest first, a prefix of them
+    assert len(masked) < len(results)  # only as many as it takes
+    # The task and the kept turns (keep_recent_turns=2) go out whole.
+    assert sent[0] == {"role": "user", "content": "Fix the rounding bug."}
+    assert [b["content"] for b in results[-2:]] == [output(6), output(7)]
+    # Step n's output is ledger row 2n + 2 (the task is row 0): the stub names it, with the
+    # recall hint, as the store's own stubs do.
+    for n in masked:
+        assert f"ledger #{2 * n + 2} holds it whole" in results[n]["content"]
+        assert f'call sessionfold_recall with seq "{2 * n + 2}"' in results[n]["content"]
+    # The seq named is the row holding the original, whole.
+    (original,) = agent.recover((2, 2))
+    assert original.to_json()["content"][0]["content"] == output(0)
+
+
+def test_a_guarded_request_is_reported_as_the_stored_windows_size(
+        client: Client, provider: FakeProvider, redis_conn: Any) -> None:
+    agent = grown(client)
+    agent.call(ask(provider))
+    keys = Keys.from_settings(client.settings)
+    entries = redis_conn.xrange(keys.usage_stream_of(SID))
+    events = [UsageEvent.from_fields(fields) for _, fields in entries
+              if b"usage.v1" in fields]
+    assert len(events) == 1
+    # The provider counted the smaller request; the report adds back what the guard left out,
+    # so the scheduler and the calibration see the window the store holds.
+    assert events[0].prompt_tokens > provider.stats.recent_prompt_tokens[-1]
+    assert events[0].revision == agent.info().revision
+
+
+def test_a_paused_session_is_guarded_too(client: Client, provider: FakeProvider) -> None:
+    agent = grown(client)
+    client.store.set_paused(SID, True)
+    agent.call(ask(provider))
+    assert estimate(provider.requests[-1]) <= POLICY.guard_tokens
+    assert agent.guarded_requests == 1
+
+
+def test_a_session_that_opted_out_is_sent_as_stored(client: Client,
+                                                   provider: FakeProvider) -> None:
+    agent = grown(client, FoldPolicy(budget_tokens=8000, keep_recent_turns=2, guard=False))
+    agent.call(ask(provider))
+    assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+    assert estimate(provider.requests[-1]) > POLICY.budget_tokens
+    assert agent.guarded_requests == agent.guard_over_budget == 0
+
+
+def test_protected_turns_alone_over_the_budget_are_sent_as_they_are_and_counted(
+        client: Client, provider: FakeProvider, caplog: pytest.LogCaptureFixture) -> None:
+    # Five kept turns of ~1.7k tokens each (outputs clipped at a quarter of the budget on
+    # append): nothing outside the keep window is left to mask.
+    policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=5)
+    agent = grown(client, policy, steps=5, lines=200)
+    counted = guard_count("over-budget")
+    with caplog.at_level(logging.WARNING, logger="sessionfold.client.session"):
+        agent.call(ask(provider))
+        agent.call(ask(provider))
+    assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+    assert estimate(provider.requests[-1]) > policy.guard_tokens
+    assert agent.guard_over_budget == 2 and agent.guarded_requests == 0
+    assert guard_count("over-budget") == counted + 2
+    warned = [r for r in caplog.records if "over its guard limit" in r.getMessage()]
+    assert len(warned) == 1  # logged once per handle, with the figures
+    assert f"limit of {policy.guard_tokens}" in warned[0].getMessage()
+
+
+def test_a_request_under_the_line_is_sent_as_stored(client: Client,
+                                                   provider: FakeProvider) -> None:
+    agent = grown(client, steps=2)
+    agent.call(ask(provider))
+    assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+    assert agent.guarded_requests == agent.guard_over_budget == 0
+
+
+def test_the_sdk_wrapper_sends_the_guarded_window(client: Client,
+                                                 provider: FakeProvider) -> None:
+    agent = grown(client)
+    history = [e.message.to_json() for e in agent.ledger() if e.message is not None]
+    llm = SessionAnthropic(provider.anthropic_client(), agent)
+    llm.messages.create(model="claude-test", max_tokens=64, messages=history)
+    assert estimate(provider.requests[-1]) <= POLICY.guard_tokens
+    assert agent.guarded_requests == 1
+
+
+def test_the_async_handle_sends_the_guarded_window(client: Client,
+                                                  provider: FakeProvider) -> None:
+    grown(client)
+
+    async def run() -> int:
+        handle = await AsyncClient(client).session(SID)
+
+        async def fn(system: str, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]]) -> Any:
+            return await asyncio.to_thread(provider, system, messages, tools=tools)
+
+        await handle.call(fn)
+        return handle.guarded_requests
+
+    assert asyncio.run(run()) == 1
+    assert estimate(provider.requests[-1]) <= POLICY.guard_tokens
+
+
+def test_the_margin_is_validated_like_the_other_fields() -> None:
+    assert FoldPolicy(budget_tokens=10_000).guard_tokens == 9_500
+    assert FoldPolicy(budget_tokens=10_000, guard_margin_ratio=0).guard_tokens == 10_000
+    with pytest.raises(InvalidPolicyError, match="guard_margin_ratio"):
+        FoldPolicy(budget_tokens=10_000, guard_margin_ratio=0.9)

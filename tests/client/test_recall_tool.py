@@ -1,0 +1,208 @@
+"""The recall tool's pieces: its definitions, seq specs, requests, bounded answers, tool calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, get_args
+
+import pytest
+from anthropic.types import Message as AnthropicMessage
+from sessionfold.client.recall import (
+    ANTHROPIC_TOOL_JSON,
+    OPENAI_TOOL_JSON,
+    RECALL_TOOL_VERSION,
+    RecallKind,
+    RecallOutcome,
+    RecallRequest,
+    ToolCall,
+    answer,
+    answer_cap,
+    answer_tool_input,
+    anthropic_tool,
+    asks_only_recall,
+    openai_tool,
+    openai_tool_calls,
+    parse_seq,
+    tool_calls,
+)
+from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.tokens import count_text
+from sessionfold.store import SessionStore
+from sessionfold.workers.metrics import RECALL_KINDS, RECALL_OUTCOMES
+
+# --- the definitions ---------------------------------------------------------------------------
+
+def test_the_tool_is_defined_in_the_anthropic_and_openai_shapes() -> None:
+    tool = anthropic_tool()
+    assert set(tool) == {"name", "description", "input_schema"}
+    assert tool["name"] == "sessionfold_recall"
+    assert set(tool["input_schema"]["properties"]) == {"seq", "offset", "query"}
+    function = openai_tool()
+    assert function["type"] == "function"
+    assert function["function"] == {"name": tool["name"], "description": tool["description"],
+                                    "parameters": tool["input_schema"]}
+
+
+def test_the_definition_is_the_same_bytes_every_time_and_pinned_to_its_version() -> None:
+    first = anthropic_tool()
+    first["description"] = "changed by a caller"
+    assert anthropic_tool()["description"] != "changed by a caller"  # a fresh copy each time
+    assert json.dumps(anthropic_tool(), ensure_ascii=False, separators=(",", ":")) == \
+        ANTHROPIC_TOOL_JSON
+    digest = hashlib.sha256((ANTHROPIC_TOOL_JSON + OPENAI_TOOL_JSON).encode()).hexdigest()
+    assert (RECALL_TOOL_VERSION, digest[:16]) == (1, "3ad37f8ee669cec8"), (
+        "the recall tool's definition changed: bump RECALL_TOOL_VERSION and pin the new digest")
+
+
+# --- seq specs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,seqs", [
+    (12, (12, 12)), ("12", (12, 12)), ("#12", (12, 12)), ("ledger #12", (12, 12)),
+    ("12-30", (12, 30)), ("#12–#30", (12, 30)), ("#12-#30", (12, 30)), ("12 — 30", (12, 30)),
+    ("12..30", (12, 30)), (" #0 ", (0, 0)), ("Ledger #3–#14", (3, 14)),
+])
+def test_a_seq_is_taken_as_stubs_seams_and_frames_print_it(spec: object,
+                                                            seqs: tuple[int, int]) -> None:
+    assert parse_seq(spec) == seqs
+
+
+@pytest.mark.parametrize("spec,says", [
+    (-1, "must not be negative"), ("30-12", "ends before it starts"), ("twelve", "such as"),
+    ("12-", "such as"), ("#", "such as"), ("1" * 13, "such as"), (True, "got bool"),
+    (1.5, "got float"), ("12,13", "such as"), ("12 30", "such as"),
+])
+def test_anything_else_is_refused_saying_what_is_taken(spec: object, says: str) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        parse_seq(spec)
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+def test_a_request_is_by_seq_with_an_offset_or_by_query() -> None:
+    assert RecallRequest.from_input({"seq": "#2", "offset": 400}) == RecallRequest(
+        seq=(2, 2), offset=400)
+    assert RecallRequest.from_input({"seq": 3, "offset": "17"}).offset == 17  # quoted number
+    assert RecallRequest.from_input({"query": " ACCT-1 ", "seq": ""}) == RecallRequest(
+        query="ACCT-1")
+    assert RecallRequest.from_input({"query": "x"}).kind == "query"
+
+
+@pytest.mark.parametrize("raw,says", [
+    ({}, "give seq"), ({"seq": "1", "query": "x"}, "not both"), ("seq 1", "an object"),
+    ({"seq": "1", "limit": 3}, r"unknown field\(s\) \['limit'\]"),
+    ({"query": "x", "offset": 5}, "offset pages the rows of a seq"),
+    ({"seq": "1", "offset": -1}, "offset must be"), ({"seq": "1", "offset": True}, "offset"),
+    ({"query": 5}, "query is text"),
+])
+def test_a_malformed_request_says_what_is_wrong(raw: object, says: str) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        RecallRequest.from_input(raw)
+
+
+# --- bounding ----------------------------------------------------------------------------------
+
+def test_the_cap_is_the_policy_and_the_room_left_below_the_budget() -> None:
+    policy = FoldPolicy(budget_tokens=32_000, recall_max_tokens=4000)
+    assert answer_cap(policy, 10_000) == 4000  # the policy's cap
+    assert answer_cap(policy, 29_000) == 32_000 - 29_000 - 1600  # the room, less 5 % reserve
+    small = FoldPolicy(budget_tokens=4000)
+    assert answer_cap(small, 3000) == 4000 - 3000 - 512  # the reserve is 512 at least
+    assert answer_cap(policy, 33_000) < 0
+
+
+@pytest.fixture
+def store(sqlite_store: SessionStore) -> SessionStore:
+    policy = FoldPolicy(budget_tokens=32_000, recall_max_tokens=1000)
+    sqlite_store.create_session("s", policy)
+    rows = [{"role": "user", "content": "the task"}]
+    for n in range(1, 30):
+        rows.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {"cmd": f"cat {n}"}}]})
+        rows.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{n}",
+             "content": "\n".join(f"file {n} line {i}" for i in range(60))}]})
+    sqlite_store.append("s", rows)
+    return sqlite_store
+
+
+def test_an_answer_never_holds_more_than_its_cap_and_says_where_to_go_on(
+        store: SessionStore) -> None:
+    result = answer(store, "s", RecallRequest(seq=(0, 58)))
+    assert result.outcome == "clipped"
+    assert result.tokens == count_text(result.text) <= 1000
+    assert result.next_seq is not None and result.next_seq[1] == 58
+    assert result.next_offset is not None
+    assert (f'call sessionfold_recall with seq "{result.next_seq[0]}-58" and offset '
+            f"{result.next_offset}") in result.text
+    whole = answer(store, "s", RecallRequest(seq=(1, 2)))
+    assert whole.outcome == "served" and "cut here" not in whole.text
+
+
+def test_a_full_window_gets_no_room_instead_of_an_answer(store: SessionStore) -> None:
+    info = store.get_session("s")
+    full = dataclasses.replace(info, current_tokens=31_500)
+    result = answer(store, "s", RecallRequest(seq=(1, 1)), info=full)
+    assert result.outcome == "unavailable" and "no room for recalled text" in result.text
+
+
+def test_a_query_shows_a_piece_around_each_match(store: SessionStore) -> None:
+    result = answer(store, "s", RecallRequest(query="file 17 line 42"))
+    assert result.outcome in ("served", "clipped")
+    assert "file 17 line 42" in result.text
+    assert "--- ledger #34, characters" in result.text  # seq 34 holds the output of call 17
+
+
+def test_a_query_the_search_refuses_is_an_error_result_not_an_exception(
+        store: SessionStore) -> None:
+    result = answer_tool_input(store, "s", {"query": "%%% ***"})
+    assert result.outcome == "invalid" and result.is_error and result.kind == "query"
+    assert result.tool_result("toolu_1") == {"type": "tool_result", "tool_use_id": "toolu_1",
+                                             "content": result.text, "is_error": True}
+    assert answer_tool_input(store, "s", {"nothing": 1}).kind == "unknown"
+    with pytest.raises(InvalidInputError):
+        answer(store, "s", RecallRequest(query="%%% ***"))  # the CLI's path raises
+
+
+def test_metrics_labels_are_the_recall_modules_closed_sets() -> None:
+    assert set(get_args(RecallKind)) == RECALL_KINDS
+    assert set(get_args(RecallOutcome)) == RECALL_OUTCOMES
+
+
+# --- tool calls in replies -----------------------------------------------------------------------
+
+REPLY: dict[str, Any] = {
+    "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+    "stop_reason": "tool_use", "stop_sequence": None,
+    "usage": {"input_tokens": 10, "output_tokens": 5},
+    "content": [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_a", "name": "sessionfold_recall",
+         "input": {"seq": "3"}},
+        {"type": "tool_use", "id": "toolu_b", "name": "bash", "input": {"cmd": "ls"}},
+    ],
+}
+
+
+def test_tool_calls_are_read_from_the_sdk_object_and_its_json_alike() -> None:
+    calls = tool_calls(REPLY)
+    assert calls == [ToolCall("toolu_a", "sessionfold_recall", {"seq": "3"}),
+                     ToolCall("toolu_b", "bash", {"cmd": "ls"})]
+    assert tool_calls(AnthropicMessage.model_validate(REPLY)) == calls
+    assert not asks_only_recall(calls) and asks_only_recall(calls[:1])
+    assert not asks_only_recall([]) and tool_calls("not a reply") == []
+
+
+def test_openai_tool_calls_are_read_too_and_bad_json_kept_as_text() -> None:
+    completion = {"choices": [{"message": {"role": "assistant", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "sessionfold_recall", "arguments": '{"query": "ACCT-1"}'}},
+        {"id": "call_2", "type": "function",
+         "function": {"name": "sessionfold_recall", "arguments": "{not json"}},
+    ]}}]}
+    calls = openai_tool_calls(completion)
+    assert calls[0] == ToolCall("call_1", "sessionfold_recall", {"query": "ACCT-1"})
+    assert calls[1].input == "{not json"
+    assert openai_tool_calls({"choices": []}) == []

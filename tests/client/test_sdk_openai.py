@@ -1,0 +1,220 @@
+"""The OpenAI wrapper: plain ``openai`` SDK code (over HTTP to the stand-in model's chat
+completions) whose history goes through a session, converted with ``from_openai`` /
+``to_openai``: only what is new is appended, the window is sent, tool calls and streams work,
+usage is reported, overflow folds inline, recall is answered."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import openai
+import pytest
+from pipeline_harness import transcript_session
+from sessionfold.cli.standin.fakeprovider import FakeProvider, FakeProviderServer, ToolUse
+from sessionfold.client import (
+    Client,
+    HistoryMismatchError,
+    SessionHandle,
+    SessionOpenAI,
+    connect,
+)
+from sessionfold.core.errors import ContextOverflowError
+from sessionfold.core.messages import Conversation, from_openai, to_openai
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.workers.settings import Settings
+
+SYSTEM = "You are the billing operations agent."
+TOOLS: Any = [{"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+MODEL = "gpt-test"
+
+
+@pytest.fixture
+def client(make_settings: Callable[..., Settings]) -> Iterator[Client]:
+    with connect(make_settings()) as c:
+        yield c
+
+
+@pytest.fixture
+def provider() -> FakeProvider:
+    return FakeProvider(keep_requests=50)
+
+
+@pytest.fixture
+def server(provider: FakeProvider) -> Iterator[FakeProviderServer]:
+    with provider.serve() as running:
+        yield running
+
+
+def sdk_for(server: FakeProviderServer) -> openai.OpenAI:
+    return openai.OpenAI(api_key="sk-test", base_url=server.base_url + "/v1", max_retries=0,
+                         timeout=30)
+
+
+@pytest.fixture
+def sdk(server: FakeProviderServer) -> openai.OpenAI:
+    return sdk_for(server)
+
+
+def agent_of(client: Client, policy: FoldPolicy | None = None) -> SessionHandle:
+    return client.session("agent-openai", policy=policy or FoldPolicy(budget_tokens=32_000),
+                          system=SYSTEM)
+
+
+def ledger_json(agent: SessionHandle, *, origin: str = "agent") -> list[dict[str, Any]]:
+    return [e.message.to_json() for e in agent.ledger()
+            if e.origin == origin and e.message is not None]
+
+
+def as_ledger(history: list[Any]) -> list[dict[str, Any]]:
+    """What the ledger holds for an OpenAI history: its Anthropic-shape conversion."""
+    plain = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in history]
+    return [m.to_json() for m in from_openai(plain).messages]
+
+
+def run_tools(message: Any) -> list[dict[str, Any]]:
+    """The agent's own tools: one ``tool`` message per call, as OpenAI agents send them."""
+    return [{"role": "tool", "tool_call_id": call.id,
+             "content": f"ran {json.loads(call.function.arguments)['cmd']}"}
+            for call in message.tool_calls or [] if call.function.name == "bash"]
+
+
+def test_a_plain_chat_loop_with_tool_calls_appends_only_what_is_new(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    agent = agent_of(client)
+    llm = SessionOpenAI(sdk, agent)
+    reports: list[Any] = []
+    report = agent.report_usage
+
+    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None) -> bool:
+        reports.append(usage)
+        return report(usage, seq=seq, revision=revision, model=model)
+
+    agent.report_usage = spy  # type: ignore[method-assign]
+    provider.script_reply(["Two at once.", ToolUse("bash", {"cmd": "ls"}),
+                           ToolUse("bash", {"cmd": "df -h"})], "Done.")
+    history: list[Any] = [{"role": "system", "content": SYSTEM},
+                          {"role": "user", "content": "Check the disks."}]
+    for _ in range(3):
+        completion = llm.chat.completions.create(model=MODEL, messages=history, tools=TOOLS)
+        message = completion.choices[0].message
+        history.append(message)
+        if completion.choices[0].finish_reason != "tool_calls":
+            break
+        history += run_tools(message)
+    assert message.content == "Done." and len(history) == 6
+    assert ledger_json(agent) == as_ledger(history)
+    # The two tool messages are one user message of two results, in call order.
+    results = ledger_json(agent)[2]["content"]
+    assert [r["content"] for r in results] == ["ran ls", "ran df -h"]
+    # The request is the window in OpenAI's shape, tools beside the recall tool.
+    sent = provider.requests[-1]
+    window = agent.window(recall=True)
+    assert sent["messages"] == to_openai(Conversation(
+        system=SYSTEM, messages=[i.message for i in window.items[:-1]]))
+    assert [t["function"]["name"] for t in sent["tools"]] == ["bash", "sessionfold_recall"]
+    # Usage went out as the provider counted it (OpenAI's prompt_tokens).
+    assert [u.prompt_tokens for u in reports] == list(provider.stats.recent_prompt_tokens)
+
+
+def test_a_history_or_system_message_that_differs_is_refused(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    agent = agent_of(client)
+    llm = SessionOpenAI(sdk, agent)
+    with pytest.raises(HistoryMismatchError, match="system= differs"):
+        llm.chat.completions.create(model=MODEL, messages=[
+            {"role": "system", "content": "Someone else."}, {"role": "user", "content": "hi"}])
+    assert agent.ledger() == [] and provider.stats.calls == 0
+    history: list[Any] = [{"role": "user", "content": "hi"}]  # no system message: the session's
+    history.append(llm.chat.completions.create(model=MODEL, messages=history).choices[0].message)
+    assert provider.requests[-1]["messages"][0] == {"role": "system", "content": SYSTEM}
+    history.append({"role": "user", "content": "more"})
+    changed = [{"role": "user", "content": "hello"}, *history[1:]]
+    with pytest.raises(HistoryMismatchError, match="from message 0 on") as info:
+        llm.chat.completions.create(model=MODEL, messages=changed)
+    assert info.value.index == 0 and len(agent.ledger()) == 2
+
+
+def test_a_chat_stream_carries_tool_calls_and_is_recorded_at_its_end(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    agent = agent_of(client, FoldPolicy(budget_tokens=32_000, recall=False))
+    llm = SessionOpenAI(sdk, agent)
+    provider.script_reply(["On it.", ToolUse("bash", {"cmd": "uptime"})])
+    history: list[Any] = [{"role": "user", "content": "How long has it been up?"}]
+    stream = llm.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
+                                         stream=True)
+    chunks = list(stream)
+    assert all(chunk.choices for chunk in chunks)  # the caller did not ask for usage chunks
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    message = stream.message()
+    assert message["content"] == "On it."
+    (call,) = message["tool_calls"]
+    assert call["function"] == {"name": "bash", "arguments": json.dumps({"cmd": "uptime"})}
+    assert agent.calls == 1  # usage reported (the wrapper asked for it; the caller saw none)
+    history += [message, {"role": "tool", "tool_call_id": call["id"], "content": "up 3 days"}]
+    asked = llm.chat.completions.create(model=MODEL, messages=history, stream=True,
+                                        stream_options={"include_usage": True})
+    last = list(asked)[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens == provider.stats.recent_prompt_tokens[-1]
+    history.append(asked.message())
+    assert ledger_json(agent) == as_ledger(history)
+
+
+def test_overflow_folds_inline_and_retries_once(client: Client) -> None:
+    provider = FakeProvider(context_window=12_000)
+    agent = agent_of(client, FoldPolicy(budget_tokens=8000, recall=False))
+    conversation = transcript_session("django__django-15554", 59)
+    history = to_openai(Conversation(messages=conversation.messages))
+    with provider.serve() as server:
+        llm = SessionOpenAI(sdk_for(server), agent)
+        completion = llm.chat.completions.create(model=MODEL, messages=history)
+    assert completion.choices[0].message.content
+    assert provider.stats.by_status == {400: 1, 200: 1}
+    assert agent.inline_folds == 1
+    record = client.store.records(agent.session_id)[-1]
+    assert (record.trigger, record.measured_by) == ("overflow", "reported")
+    tiny = FakeProvider(context_window=500)
+    history += [completion.choices[0].message, {"role": "user", "content": "go on"}]
+    with tiny.serve() as server, pytest.raises(ContextOverflowError) as info:
+        SessionOpenAI(sdk_for(server), agent).chat.completions.create(model=MODEL,
+                                                                      messages=history)
+    assert isinstance(info.value.__cause__, openai.BadRequestError)
+    assert tiny.stats.by_status == {400: 2}
+
+
+def quotes_the_recall(request: Any) -> str:
+    last = request["messages"][-1]["content"]
+    results = [b for b in last if isinstance(b, dict) and b.get("type") == "tool_result"]
+    return f"From the ledger: {results[0]['content'].splitlines()[0]}" if results else "Hm."
+
+
+def test_recall_is_answered_for_create_and_for_a_stream(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    agent = agent_of(client)
+    llm = SessionOpenAI(sdk, agent)
+    provider.reply = quotes_the_recall
+    provider.script_reply(ToolUse("sessionfold_recall", {"seq": "0"}))
+    history: list[Any] = [{"role": "user", "content": "What was the task?"}]
+    completion = llm.chat.completions.create(model=MODEL, messages=history, tools=TOOLS)
+    text = completion.choices[0].message.content or ""
+    assert text.startswith("From the ledger: [sessionfold recall] ledger #0")
+    assert agent.recall_rounds == 1 and provider.stats.succeeded == 2
+    # The round's request answered the call as a tool message.
+    answered = provider.requests[-1]["messages"]
+    assert answered[-1]["role"] == "tool" and answered[-2]["tool_calls"][0]["function"][
+        "name"] == "sessionfold_recall"
+    history += [completion.choices[0].message, {"role": "user", "content": "once more"}]
+    provider.script_reply(["Looking.", ToolUse("sessionfold_recall", {"seq": "0"})])
+    stream = llm.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
+                                         stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert streamed.startswith("From the ledger:") and "Looking." not in streamed
+    assert agent.recall_rounds == 2 and provider.stats.succeeded == 4
+    assert [e.origin for e in agent.ledger()] == [
+        "agent", "recall", "recall", "agent", "agent", "recall", "recall", "agent"]
+    history.append(stream.message())
+    assert ledger_json(agent) == as_ledger(history)

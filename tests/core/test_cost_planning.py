@@ -1,0 +1,235 @@
+"""Cost-aware planning: fold_window priced with the cost model (policy economics="dollars").
+
+A shallow fold that would not pay for its cache break is refused as ``would-not-pay`` with the
+figures in the record; a deep one is taken, every layer in one rewrite; ``economics="window"``
+plans exactly as before; the budget (an overflow, a window about to pass it) always wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.cost import DEFAULT_PRICES, FoldPricing
+from sessionfold.core.economics import FoldEconomics, FoldShape, ceiling_tokens, decide
+from sessionfold.core.errors import InvalidPolicyError
+from sessionfold.core.messages import Message, parse_message
+from sessionfold.core.policy import FoldPolicy, LayerName
+from sessionfold.core.summarizers import ExtractiveSummarizer
+from sessionfold.core.tokens import TokenCounter
+from sessionfold.core.window import Trigger, WindowItem, items_from_messages
+
+COUNTER = TokenCounter()
+PRICING = FoldPricing(agent=DEFAULT_PRICES["claude-sonnet-4-5"],
+                      summarizer=DEFAULT_PRICES["claude-haiku-4-5"])
+WARM = FoldEconomics(PRICING)
+COLD = FoldEconomics(PRICING, cold=True)
+MASK_ONLY: tuple[LayerName, ...] = ("mask-tool-results",)
+SUMMARIZE: tuple[LayerName, ...] = ("mask-tool-results", "summarize")
+
+
+def step(n: int, words: int = 300, lines: int = 25) -> list[Message]:
+    """One tool step whose reasoning (not maskable) outweighs its tool output (maskable)."""
+    text = " ".join(f"reasoning{n}w{i}" for i in range(words))
+    out = "\n".join(f"line {i} of step {n}: src/mod_{n}.py" for i in range(lines))
+    return [
+        parse_message({"role": "assistant", "content": [
+            {"type": "text", "text": text},
+            {"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {"command": f"ls {n}"}},
+        ]}),
+        parse_message({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{n}", "content": out},
+        ]}),
+    ]
+
+
+def window(steps: int = 40, **kw: int) -> list[WindowItem]:
+    task = Message(role="user", content="Fix TICKET-1 in src/app.py")
+    return items_from_messages([task, *(m for n in range(1, steps + 1) for m in step(n, **kw))])
+
+
+ITEMS = window()
+SIZE = sum(COUNTER.message(i.message) for i in ITEMS)
+
+
+def policy(layers: Sequence[LayerName], *, over: float = 0.86, **kw: object) -> FoldPolicy:
+    """A policy whose trigger the window is just past (the window is ``over`` × the budget)."""
+    return FoldPolicy.model_validate({"budget_tokens": int(SIZE / over),
+                                      "layers": tuple(layers), **kw})
+
+
+def visit(items: Sequence[WindowItem], pol: FoldPolicy, *, trigger: Trigger = "threshold",
+          economics: FoldEconomics | None = WARM, force: bool = False) -> FoldResult:
+    return fold_window(items, pol, ExtractiveSummarizer(), counter=COUNTER, trigger=trigger,
+                       economics=economics, force=force)
+
+
+# --- a shallow fold is refused, a deep one taken --------------------------------------------------
+
+def test_a_shallow_fold_that_would_not_pay_is_refused_with_its_figures_in_the_record() -> None:
+    result = visit(ITEMS, policy(MASK_ONLY))
+    record = result.record
+    assert not result.changed and result.window == ITEMS
+    assert record.outcome == "refused"
+    refusal = next(r for r in record.refusals if r.reason == "would-not-pay")
+    assert refusal.start_seq == 1 and refusal.detail.startswith("would-not-pay: folding the")
+    figures = record.economics
+    assert figures is not None and figures["why"] == "would-not-pay" and not figures["fold"]
+    assert figures["saving_now"] < 0 and figures["window_tokens"] == SIZE
+    (only,) = figures["candidates"]
+    assert only["label"] == "cheap-layers" and only["summary_tokens"] == 0
+    # Masking leaves most of the window (the reasoning is not maskable): a shallow fold, whose
+    # best time is later, close to the budget.
+    assert SIZE - only["target_tokens"] < 0.25 * SIZE
+    assert only["trigger_tokens"] > SIZE
+    assert f"{-figures['saving_now']:.3g}" in refusal.detail and record.detail == refusal.detail
+
+
+def test_a_deep_fold_is_taken_below_the_policys_target_in_one_rewrite() -> None:
+    pol = policy(SUMMARIZE)
+    result = visit(ITEMS, pol)
+    record = result.record
+    assert record.outcome == "folded"
+    figures = record.economics
+    assert figures is not None and figures["fold"] and figures["why"] in ("pays", "ceiling")
+    assert figures["chosen"]["label"] == "summarize"
+    # Deeper than the policy's target, and the window lands there: one summary span, the
+    # cheap layers' masking in the same edit (one cache break, not one per layer).
+    assert record.target_tokens == figures["chosen"]["target_tokens"] < pol.target_tokens
+    assert record.tokens_after <= record.target_tokens
+    assert len(result.spans) == 1 and record.layers_run == ("mask-tool-results", "summarize")
+    assert not any(r.reason == "would-not-pay" for r in record.refusals)
+    assert record.detail == (f"{figures['why']}: " + record.detail.split(": ", 1)[1])
+
+
+def test_dollars_fold_deeper_than_the_window_economics_for_the_same_visit() -> None:
+    dollars = visit(ITEMS, policy(SUMMARIZE)).record
+    windowed = visit(ITEMS, policy(SUMMARIZE, economics="window")).record
+    assert windowed.outcome == dollars.outcome == "folded"
+    assert dollars.tokens_after < windowed.tokens_after <= windowed.target_tokens
+
+
+# --- "window" economics: the old planner, exactly ---------------------------------------------
+
+@pytest.mark.parametrize("over", [0.8, 0.86, 0.95, 1.1])
+@pytest.mark.parametrize("layers", [MASK_ONLY, SUMMARIZE,
+                                    ("mask-tool-results", "drop-thinking", "drop-oldest")])
+def test_window_economics_plans_exactly_as_an_unpriced_visit(
+        over: float, layers: tuple[LayerName, ...]) -> None:
+    pol = policy(layers, over=over, economics="window")
+    priced = visit(ITEMS, pol, economics=COLD)
+    unpriced = visit(ITEMS, pol, economics=None)
+    assert priced.record == unpriced.record and priced.record.economics is None
+    assert priced.window == unpriced.window and priced.edit == unpriced.edit
+    # ... and what an unpriced visit does is what it did before the knob: the dollars
+    # default without prices given plans the same visit.
+    default = visit(ITEMS, policy(layers, over=over), economics=None)
+    assert default.window == unpriced.window
+    assert default.record.model_dump(exclude={"economics"}) == \
+        unpriced.record.model_dump(exclude={"economics"})
+
+
+# --- the budget wins over dollars -------------------------------------------------------------
+
+def test_an_overflow_is_never_refused_for_cost() -> None:
+    pol = policy(MASK_ONLY)
+    assert visit(ITEMS, pol).record.outcome == "refused"  # the same visit, in the background
+    inline = visit(ITEMS, pol, trigger="overflow", force=True, economics=WARM)
+    assert inline.record.outcome == "folded" and inline.record.economics is None
+    assert not any(r.reason == "would-not-pay" for r in inline.record.refusals)
+
+
+def test_a_window_about_to_pass_the_budget_folds_however_little_it_pays() -> None:
+    # 99% of the budget: the call after next would pass it, so the fold cannot wait.
+    pol = policy(MASK_ONLY, over=0.99)
+    record = visit(ITEMS, pol).record
+    assert record.outcome == "folded" and record.economics is not None
+    assert record.economics["why"] == "ceiling"
+    assert record.tokens_after < record.measured_tokens
+
+
+def test_the_ceiling_leaves_one_call_of_growth_under_the_budget_but_never_below_the_trigger(
+        ) -> None:
+    pol = FoldPolicy(budget_tokens=64_000)
+    assert ceiling_tokens(pol, 1000) == 63_000
+    assert ceiling_tokens(pol, 20_000) == pol.trigger_tokens == 54_400
+
+
+def test_only_options_at_or_under_the_policys_target_are_offered_when_one_reaches_it() -> None:
+    pol = FoldPolicy(budget_tokens=64_000)  # target 38,400
+    shape = FoldShape(window_tokens=55_000, head_tokens=2000, growth_tokens=1000,
+                      cheap_tokens=45_000, folded_tokens=12_000, summary_tokens=3200,
+                      summarized_fraction=0.8)
+    choice = decide(pol, WARM, shape)
+    assert choice is not None and [c.option.label for c in choice.candidates] == ["summarize"]
+    # Nothing reaches the target: the deepest fold there is.
+    shallow = FoldShape(window_tokens=55_000, head_tokens=2000, growth_tokens=1000,
+                        cheap_tokens=45_000)
+    choice = decide(pol, WARM, shallow)
+    assert choice is not None and choice.option.target_tokens == 45_000
+    assert decide(pol, WARM, FoldShape(window_tokens=55_000, head_tokens=0,
+                                       growth_tokens=1000)) is None
+
+
+# --- idle visits: the cache is cold anyway ------------------------------------------------------
+
+def test_an_idle_visit_under_the_trigger_folds_when_the_cold_cache_makes_it_pay() -> None:
+    pol = policy(MASK_ONLY, over=0.7)  # under the 0.85 trigger, over the 0.5 idle trigger
+    assert not pol.over_trigger(SIZE) and pol.over_idle_trigger(SIZE)
+    assert visit(ITEMS, pol).record.outcome == "nothing-to-fold"  # not due in the background
+    idle = visit(ITEMS, pol, trigger="idle", economics=COLD).record
+    assert idle.outcome == "folded" and idle.trigger == "idle"
+    assert idle.economics is not None and idle.economics["cold"]
+    assert idle.economics["why"] == "pays"
+    # The same shallow fold with a warm cache would not pay.
+    warm = visit(ITEMS, pol, trigger="idle", economics=WARM).record
+    assert warm.outcome == "refused" and warm.economics is not None
+    assert warm.economics["why"] == "would-not-pay"
+
+
+def test_an_idle_visit_under_the_idle_trigger_changes_nothing() -> None:
+    pol = policy(SUMMARIZE, over=0.4)
+    record = visit(ITEMS, pol, trigger="idle", economics=COLD).record
+    assert record.outcome == "nothing-to-fold" and "idle trigger" in record.detail
+    # Window economics knows no idle trigger: an idle visit is judged by the trigger.
+    windowed = visit(ITEMS, policy(SUMMARIZE, over=0.7, economics="window"), trigger="idle",
+                     economics=COLD).record
+    assert windowed.outcome == "nothing-to-fold" and "the trigger of" in windowed.detail
+
+
+# --- the knob --------------------------------------------------------------------------------
+
+def test_the_economics_knob_and_idle_ratio_are_validated_like_the_other_fields() -> None:
+    assert FoldPolicy(budget_tokens=10_000).economics == "dollars"
+    with pytest.raises(InvalidPolicyError, match=r"economics: .*'dollars'.*got 'cheap'"):
+        FoldPolicy.model_validate({"budget_tokens": 10_000, "economics": "cheap"})
+    with pytest.raises(InvalidPolicyError, match=r"idle_trigger_ratio must be in \(0, 1\]"):
+        FoldPolicy(budget_tokens=10_000, idle_trigger_ratio=0)
+    assert FoldPolicy(budget_tokens=10_000, idle_trigger_ratio=None).idle_trigger_tokens is None
+    assert FoldPolicy(budget_tokens=10_000, economics="window").idle_trigger_tokens is None
+    # Never above the trigger: past it a visit is due anyway.
+    assert FoldPolicy(budget_tokens=10_000, idle_trigger_ratio=1).idle_trigger_tokens == 8500
+
+
+# --- invariants -----------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(steps=st.integers(6, 30), lines=st.integers(2, 60), words=st.integers(20, 300),
+       over=st.floats(0.86, 1.3), summarize=st.booleans(), cold=st.booleans())
+def test_a_refusal_for_cost_changes_nothing_and_a_window_past_the_budget_is_never_refused(
+        steps: int, lines: int, words: int, over: float, summarize: bool, cold: bool) -> None:
+    items = window(steps, words=words, lines=lines)
+    size = sum(COUNTER.message(i.message) for i in items)
+    pol = FoldPolicy(budget_tokens=max(1000, int(size / over)),
+                     layers=SUMMARIZE if summarize else MASK_ONLY)
+    result = visit(items, pol, economics=COLD if cold else WARM)
+    refused = [r for r in result.record.refusals if r.reason == "would-not-pay"]
+    if refused:
+        assert not result.changed and result.window == list(items)
+        assert result.record.outcome == "refused" and result.spans == []
+        assert result.record.economics is not None and not result.record.economics["fold"]
+    if pol.over_budget(result.record.measured_tokens):
+        assert not refused

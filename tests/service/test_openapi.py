@@ -1,0 +1,89 @@
+"""The OpenAPI document: the checked-in copy is what the app serves, and the API keeps to it
+under fuzzing (schemathesis, derandomized, capped): no 500, no response outside the schema, and
+nothing written by a request the API rejected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import schemathesis
+import sqlalchemy as sa
+from conftest import LiveApi
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation.modes import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.service.openapi import openapi_document, render
+from sessionfold.store.schema import metadata
+
+CHECKED_IN = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+#: Examples per operation and mode (positive, negative): 15 operations stay inside a minute.
+MAX_EXAMPLES = 12
+EXISTING = "fuzzed-1"
+
+
+def test_the_checked_in_openapi_document_is_what_the_app_serves(api: LiveApi) -> None:
+    served = api.http().get("/openapi.json").json()
+    assert served == openapi_document()
+    assert CHECKED_IN.read_text(encoding="utf-8") == render(served), (
+        "docs/openapi.json is stale: run `python -m sessionfold.service.openapi "
+        "docs/openapi.json`")
+
+
+def row_counts(api: LiveApi) -> dict[str, int]:
+    with api.store.engine.connect() as conn:
+        return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                for t in metadata.sorted_tables}
+
+
+def ensure_existing(api: LiveApi) -> None:
+    sid = "tenant:fuzz/" + EXISTING
+    if sid not in api.store.window_states([sid]):  # a fuzzed DELETE may have removed it
+        api.store.create_session(sid, FoldPolicy(budget_tokens=4000), "fuzzing")
+        api.store.append(sid, [{"role": "user", "content": "hello"}])
+
+
+def check_case(api: LiveApi, key: str, case: Any) -> None:
+    ensure_existing(api)
+    params = case.path_parameters or {}
+    if "session_id" in params and str(params["session_id"])[:1] in "abcdefghijklm":
+        params["session_id"] = EXISTING  # half the cases reach a session that exists
+    before = row_counts(api)
+    response = case.call(base_url=api.url, headers={"Authorization": f"Bearer {key}"},
+                         timeout=30)
+    case.validate_response(response, checks=[not_a_server_error, status_code_conformance,
+                                             content_type_conformance,
+                                             response_schema_conformance])
+    if response.status_code >= 400:
+        assert row_counts(api) == before, (
+            f"{case.method} {case.formatted_path} answered {response.status_code} and wrote: "
+            f"{response.text[:300]}")
+
+
+def test_the_api_keeps_to_its_openapi_document_under_fuzzing(api: LiveApi) -> None:
+    schema = schemathesis.openapi.from_url(f"{api.url}/openapi.json")
+    key = api.key("fuzz")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 14
+    for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            strategy = operation.as_strategy(generation_mode=mode)
+
+            @given(strategy)
+            @settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None,
+                      database=None, suppress_health_check=list(HealthCheck))
+            def run(case: Any) -> None:
+                check_case(api, key, case)
+
+            try:
+                run()
+            except Unsatisfiable:
+                # Nothing of this operation can be made invalid (no parameter, no body).
+                assert mode is GenerationMode.NEGATIVE, operation.label

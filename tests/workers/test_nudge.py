@@ -1,0 +1,230 @@
+"""The append-time nudge: an append that takes a session past its trigger tells the scheduler at
+once, through the real client, the real Redis streams and the real store (SQLite, and
+PostgreSQL for the store's side), without a usage report and without touching what was
+measured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from pipeline_harness import postgres_url
+from prometheus_client import CollectorRegistry
+from sessionfold.client import Client, SessionHandle, connect
+from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.store.results import SessionInfo
+from sessionfold.store.store import SessionStore
+from sessionfold.workers.keys import Keys
+from sessionfold.workers.metrics import Metrics
+from sessionfold.workers.scheduler import Scheduler
+from sessionfold.workers.settings import Settings
+from sessionfold.workers.usagebus import FIELD, NUDGE_FIELD, NudgeEvent, UsagePublisher
+
+pytestmark = pytest.mark.redis
+
+SID = "agent-nudged"
+POLICY = FoldPolicy(budget_tokens=10_000)  # trigger at 8,500 tokens
+
+
+class RecordingEnqueue:
+    """Stands in for the Celery enqueue: remembers every job it was asked for."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, int | None, str]] = []
+
+    def __call__(self, session_id: str, enqueued_epoch: int | None, trigger: str,
+                 lock_token: str | None) -> str:
+        self.jobs.append((session_id, enqueued_epoch, trigger))
+        return f"job-{len(self.jobs)}"
+
+
+class CountingStore(SessionStore):
+    """The real store, counting the session reads the scheduler makes."""
+
+    reads: list[str]
+
+    def get_session(self, sid: str) -> SessionInfo:
+        self.reads.append(sid)
+        return super().get_session(sid)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return postgres_url(request)
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], database_url: str) -> Settings:
+    return make_settings(database_url=database_url, scheduler_block_ms=10,
+                         scheduler_policy_cache_s=0, scheduler_sweep_interval_s=3600)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[Client]:
+    with connect(settings, migrate=True) as c:
+        yield c
+
+
+@pytest.fixture
+def store(settings: Settings, client: Client) -> Iterator[CountingStore]:
+    counting = CountingStore.from_url(settings.database_url)
+    counting.reads = []
+    yield counting
+    counting.close()
+
+
+@pytest.fixture
+def enqueue() -> RecordingEnqueue:
+    return RecordingEnqueue()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def scheduler(settings: Settings, store: CountingStore, redis_conn: redis.Redis,
+              enqueue: RecordingEnqueue, registry: CollectorRegistry) -> Scheduler:
+    sched = Scheduler(settings, store, redis_conn, enqueue, consumer_name="sched-n",
+                      metrics_=Metrics(registry))
+    sched.run_once()  # takes the partitions' leases and makes the groups; sweeps once
+    store.reads.clear()
+    return sched
+
+
+def small_talk(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        out.append({"role": "user", "content": f"question {i} about the deployment"})
+        out.append({"role": "assistant", "content": f"answer {i}: the pods restarted fine"})
+    return out
+
+
+def big_output(tokens: int) -> list[dict[str, Any]]:
+    """A user turn of about ``tokens`` tokens (a pasted log; under the clip size)."""
+    text = "\n".join(f"log line {i}: request served in {i % 97} ms" for i in range(tokens // 12))
+    return [{"role": "user", "content": text}]
+
+
+def agent_of(client: Client, policy: FoldPolicy = POLICY) -> SessionHandle:
+    agent = client.session(SID, policy=policy, system="ops agent")
+    agent.append(small_talk(3))
+    return agent
+
+
+def stream_fields(redis_conn: redis.Redis, settings: Settings) -> list[dict[bytes, bytes]]:
+    keys = Keys.from_settings(settings)
+    return [fields for _, fields in redis_conn.xrange(keys.usage_stream_of(SID))]
+
+
+def enqueued_by_nudge(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("sessionfold_fold_jobs_enqueued_total",
+                                     {"source": "nudge"}) or 0.0
+
+
+def test_only_the_append_that_crosses_the_trigger_says_so(client: Client) -> None:
+    agent = agent_of(client)
+    under = agent.append(big_output(2_000))
+    assert under.current_tokens is not None and under.current_tokens < POLICY.trigger_tokens
+    assert not under.crossed_trigger
+    crossing = agent.append(big_output(2_400) + big_output(2_400) + big_output(2_400))
+    assert crossing.current_tokens == agent.info().current_tokens > POLICY.trigger_tokens
+    assert crossing.crossed_trigger
+    still_over = agent.append(small_talk(1))
+    assert not still_over.crossed_trigger  # already past it: the first nudge said it all
+    assert agent.nudges == 1
+
+
+def test_a_paused_session_is_not_nudged_for(client: Client) -> None:
+    agent = agent_of(client)
+    client.store.set_paused(SID, True)
+    result = agent.append(big_output(2_400) * 4)
+    assert result.current_tokens is not None and result.current_tokens > POLICY.trigger_tokens
+    assert not result.crossed_trigger and agent.nudges == 0
+
+
+def test_a_large_append_nudges_the_scheduler_which_enqueues_without_a_usage_report(
+        client: Client, scheduler: Scheduler, enqueue: RecordingEnqueue,
+        registry: CollectorRegistry, redis_conn: redis.Redis, settings: Settings) -> None:
+    agent = agent_of(client)
+    scheduler.run_once()
+    assert enqueue.jobs == []
+
+    agent.append(big_output(2_400) * 4)  # one tool-output-sized burst, past the trigger
+    stats = scheduler.run_once()
+
+    assert [(sid, trigger) for sid, _, trigger in enqueue.jobs] == [(SID, "threshold")]
+    assert stats.nudged == 1 and stats.events == 0  # no usage event was read
+    assert enqueued_by_nudge(registry) == 1
+    fields = stream_fields(redis_conn, settings)
+    assert [NUDGE_FIELD in f for f in fields] == [True]  # the stream held the nudge alone
+    assert not any(FIELD in f for f in fields)
+
+
+def test_a_nudge_does_not_alter_the_measured_size(
+        client: Client, scheduler: Scheduler, enqueue: RecordingEnqueue,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    agent = agent_of(client)
+    window = agent.window()
+    agent.report_usage({"input_tokens": 1_500}, seq=window.last_seq, revision=window.revision)
+    scheduler.run_once()
+    measured = agent.info()
+    assert measured.measured_tokens == 1_500
+    keys = Keys.from_settings(settings)
+    in_redis = redis_conn.hgetall(keys.measured(SID))
+
+    agent.append(big_output(2_400) * 4)
+    scheduler.run_once()
+
+    after = agent.info()
+    assert len(enqueue.jobs) == 1
+    assert (after.measured_tokens, after.measured_seq, after.measured_revision) == (
+        measured.measured_tokens, measured.measured_seq, measured.measured_revision)
+    assert after.calibration == measured.calibration
+    assert redis_conn.hgetall(keys.measured(SID)) == in_redis
+
+
+def test_nudges_of_one_session_in_a_batch_cost_one_store_read(
+        client: Client, scheduler: Scheduler, store: CountingStore, enqueue: RecordingEnqueue,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    agent = agent_of(client)
+    agent.append(big_output(2_400) * 4)
+    publisher = UsagePublisher(redis_conn, Keys.from_settings(settings), maxlen=10_000)
+    revision = agent.info().revision
+    for _ in range(4):  # four more of the same session: redelivered, or several agents
+        assert publisher.publish(NudgeEvent(SID, revision))
+
+    stats = scheduler.run_once()
+
+    assert stats.nudged == 1 and len(enqueue.jobs) == 1
+    assert store.reads == [SID]
+    # Another nudge while its job is pending: the fold lock answers, no store read at all.
+    publisher.publish(NudgeEvent(SID, revision))
+    stats = scheduler.run_once()
+    assert stats.skipped == {SID: "job-pending"} and store.reads == [SID]
+
+
+def test_a_nudge_of_a_session_under_its_trigger_enqueues_nothing(
+        client: Client, scheduler: Scheduler, enqueue: RecordingEnqueue,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    agent = agent_of(client)
+    publisher = UsagePublisher(redis_conn, Keys.from_settings(settings), maxlen=10_000)
+    publisher.publish(NudgeEvent(SID, agent.info().revision))
+    stats = scheduler.run_once()
+    assert stats.nudged == 1 and stats.skipped == {SID: "under-trigger"}
+    assert enqueue.jobs == []
+
+
+def test_a_nudge_round_trips_and_a_malformed_one_is_refused() -> None:
+    event = NudgeEvent("s 1", 7, time=12.5)
+    assert NudgeEvent.from_fields(event.to_fields()) == event
+    with pytest.raises(InvalidInputError):
+        NudgeEvent.from_fields({NUDGE_FIELD: b'["s", -1, 0]'})
+    with pytest.raises(InvalidInputError):
+        NudgeEvent.from_fields({NUDGE_FIELD: b"not json"})

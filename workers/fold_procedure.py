@@ -1,0 +1,361 @@
+"""The one fold procedure, shared by the Celery task and the client's inline fallback.
+
+::
+
+    store.begin_fold: claim the session, read the window, the session and the latches
+        (one transaction)  →
+    ask the summarizer guard whether this visit may pay  →
+    core.fold_window (the summarizer is called here, outside any transaction)  →
+    store.finish_fold: commit the fold, or record the visit when nothing changed
+        (one transaction)  →  count what was paid
+
+Why each step sits where it does:
+
+- **The claim comes first**, before anything is paid for: a redelivered job finds its own visit
+  already written (``already-committed``), a duplicate delivery finds the live claim of its twin,
+  and a job overtaken by a newer one finds the newer epoch (``newer-claim``). All of them stop
+  with outcome ``skipped`` and no summarizer call. The claim lives in the store, not in Redis,
+  which may lose it; the Redis lock of the scheduler only saves work.
+- **What the plan needs is read with the claim**, in the claim's transaction: the window it
+  plans on is the one the claim saw. A fold crosses into the store twice, to begin and to
+  finish (plus a ledger lookup in the rare case a clipped output is edited again).
+- **No transaction is open while the summarizer runs**: every store call is one short
+  transaction, and the commit checks (compare-and-set on item versions, and the claimed epoch)
+  that nothing the plan relied on changed meanwhile. Appends only add items after the planned
+  ones, so an agent appending during a fold never makes it stale.
+- **The claim is carried to the end**: the commit, and every record that releases the claim,
+  name the claim's job id, epoch and session *incarnation*. A session deleted and created again
+  under the same id while the fold ran is another session (its epochs start over): the store
+  refuses the fold as ``stale`` and records that in the new session; a session that is gone
+  raises SessionNotFoundError.
+- **A lost compare-and-set** (:class:`StaleSpanError`) wrote nothing but the visit's ``stale``
+  record. A background job ends there (the scheduler comes back if the session is still over
+  budget). The inline fallback (``replan=True``) re-reads the session: if the fold that won
+  already brought it under the target it stops; otherwise it claims again and plans once more.
+- **A transient summarizer failure** still commits whatever the cheap layers did (masking old
+  tool output is worth keeping) and the report carries the error in :attr:`FoldReport.retry_error`
+  for the Celery task to retry. Every store job id is used for one visit only, so a retry runs
+  under its own job id (see :func:`store_job_id`).
+- **Celery's soft time limit** (``SoftTimeLimitExceeded``, raised into the planner or the
+  summarizer wherever it happens to be) ends the visit like a transient summarizer failure: a
+  ``summarizer-failed`` refusal (detail ``soft time limit``) is recorded, which releases the
+  claim at once instead of leaving it to block the session until its lease runs out, and the
+  report carries a :class:`TransientSummarizerError` so the task retries with its backoff.
+- **The summarizer is guarded** (:mod:`.summarizer_guard`) for the Celery task and the inline
+  fallback alike: every call holds one of the global summarizer slots, and a visit to a session
+  past its spend cap (or one whose spend cannot be read) folds with the free layers only. An
+  inline fold never waits for a slot: with none free it folds with the cheap layers only. In
+  every case the record says why the summarizer was skipped, and what the summarizer cost is
+  counted against the session's spend once the visit has landed.
+- **A session whose folds keep dying** (``FoldJob.max_abandoned``): the store counts claims
+  taken over from holders that never finished, per session; at the cap the claim answers
+  ``abandoned`` and the visit stops as ``skipped`` with that claim status, before any
+  summarizer call, for the task to give the session up.
+
+- **Priced visits** (policy ``economics="dollars"``): given the settings' ``pricing``
+  (:func:`.prices.fold_pricing`: the Celery task passes it), the planner prices the visit with
+  the cost model and folds as deep as pays, or records ``would-not-pay``
+  (:mod:`sessionfold.core.economics`). An ``idle`` visit (the scheduler saw the session idle
+  past its cache's lifetime) is priced with a cold cache. Forced and overflow visits (the
+  inline fallback) are never priced: the budget wins over dollars.
+
+Fault points for tests (:mod:`.faults`): ``after-summary`` sits between the summarizer's return
+and the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+# Celery raises billiard's class (celery.exceptions re-exports it); importing it from billiard
+# keeps the client, which shares this module, from importing Celery.
+from billiard.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
+from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.cost import FoldPricing
+from sessionfold.core.economics import FoldEconomics
+from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
+from sessionfold.core.summarizers import Summarizer
+from sessionfold.core.window import (
+    CompactionRecord,
+    SummarizerUsage,
+    Trigger,
+)
+
+from .faults import fault_point
+from .summarizer_guard import SummarizerChoice, SummarizerGuard
+
+if TYPE_CHECKING:
+    from sessionfold.store import SessionStore
+    from sessionfold.store.results import Claim, SessionInfo
+
+__all__ = [
+    "FoldJob",
+    "FoldReport",
+    "run_fold",
+    "store_job_id",
+]
+
+log = logging.getLogger(__name__)
+
+SOFT_TIME_LIMIT = "soft time limit"
+
+
+@dataclass(frozen=True)
+class FoldJob:
+    """One visit to fold a session: who asks, why, and how hard.
+
+    ``enqueued_epoch`` is the session's ``fold_epoch`` when the job was enqueued (None: do not
+    compare). ``force`` (the inline fallback) claims over any other claim and folds even under
+    the trigger. ``target_tokens`` overrides the policy's target (overflow: half the budget).
+    ``measured_tokens`` is a size the caller knows better than the store (the token count of a
+    provider's "prompt is too long" error). ``lease_s`` bounds the claim: a worker that dies
+    holding it blocks the session no longer than that. ``replan`` re-plans once after a lost race.
+    ``max_abandoned`` (the Celery task: ``max_attempts``) stops a session whose folds were
+    abandoned that many times in a row (claim status ``abandoned``); None never stops.
+    ``incarnation``: the session incarnation the job is for (a retry carries the one it claimed
+    before); a session deleted and created again since is not claimed (SessionNotFoundError).
+    """
+
+    session_id: str
+    job_id: str
+    trigger: Trigger = "threshold"
+    enqueued_epoch: int | None = None
+    force: bool = False
+    target_tokens: int | None = None
+    measured_tokens: int | None = None
+    lease_s: float = 300.0
+    replan: bool = False
+    max_abandoned: int | None = None
+    incarnation: int | None = None
+
+
+@dataclass(frozen=True)
+class FoldReport:
+    """How a visit ended. ``outcome`` is a record outcome, or ``skipped`` (stopped at the claim).
+
+    ``to_json()`` is what a Celery task returns, so Flower's task list shows the session and the
+    outcome of every fold.
+    """
+
+    session_id: str
+    job_id: str
+    trigger: str
+    outcome: str
+    claim: str
+    epoch: int | None = None
+    revision: int | None = None
+    #: The incarnation of the session the claim was taken in (None: stopped before claiming).
+    incarnation: int | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    spans: int = 0
+    summarizer_usage: SummarizerUsage = field(default_factory=SummarizerUsage)
+    refusals: tuple[str, ...] = ()
+    replans: int = 0
+    detail: str = ""
+    #: A transient summarizer error worth retrying (what the cheap layers did is committed).
+    retry_error: TransientSummarizerError | None = None
+    #: The visit's record as written (None when the job stopped at its claim).
+    record: CompactionRecord | None = None
+
+    @property
+    def summarizer_calls(self) -> int:
+        return self.summarizer_usage.calls
+
+    @property
+    def folded(self) -> bool:
+        return self.outcome == "folded"
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "session": self.session_id, "outcome": self.outcome, "job": self.job_id,
+            "trigger": self.trigger, "claim": self.claim, "epoch": self.epoch,
+            "revision": self.revision, "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after, "spans": self.spans,
+            "summarizer_calls": self.summarizer_calls,
+            "summarizer_input_tokens": self.summarizer_usage.input_tokens,
+            "summarizer_output_tokens": self.summarizer_usage.output_tokens,
+            "refusals": list(self.refusals), "replans": self.replans, "detail": self.detail,
+        }
+        if self.retry_error is not None:
+            data["retry_error"] = str(self.retry_error)
+        return data
+
+
+def store_job_id(task_id: str, retries: int) -> str:
+    """The store's job id for one attempt of a Celery task.
+
+    The store treats a job id as one visit (a second claim by it answers ``already-committed``),
+    while Celery keeps one task id across retries. Redeliveries of the same attempt share the id,
+    so the store still catches them; a retry gets a new one.
+    """
+    return task_id if retries == 0 else f"{task_id}~r{retries}"
+
+
+def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None,
+             job: FoldJob, *, pricing: FoldPricing | None = None) -> FoldReport:
+    """Claim, plan, summarize, commit: one visit (and, with ``job.replan``, one re-plan).
+
+    ``summarizer``: a :class:`~.summarizer_guard.SummarizerGuard` (what the Celery task and the
+    client pass: it decides per visit, once the claim names the session incarnation, whether
+    the summarizer may be called, and counts what it cost), a bare summarizer (called without
+    guards: tests, ``compact``), or None (the free layers only). ``pricing``: what a policy
+    with ``economics="dollars"`` is priced with (None: no visit is priced).
+
+    Raises what the store raises (SessionNotFoundError, StoreError...) and nothing of the
+    summarizer's: a summarizer failure is a refusal in the record, and a transient one is also
+    returned in :attr:`FoldReport.retry_error`. A store error after the claim leaves the claim
+    to its lease: the session waits no longer than ``job.lease_s`` for the next visit.
+    """
+    report = _attempt(store, summarizer, job, pricing)
+    if report.outcome != "stale" or not job.replan:
+        return _charged(summarizer, report)
+    # Lost the race (another inline fold, or a claim that outlived ours). The winner may have
+    # done the work already: look before paying again.
+    info = store.get_session(job.session_id)
+    target = job.target_tokens if job.target_tokens is not None else info.policy.target_tokens
+    if info.current_tokens <= target:
+        return _charged(summarizer, replace(
+            report, detail=f"a concurrent fold won; the window is at {info.current_tokens} "
+                           f"tokens, under the target {target}"))
+    # The provider's count named the window before the winner's fold: measure afresh.
+    again = _attempt(store, summarizer, replace(job, job_id=f"{job.job_id}~replan",
+                                                measured_tokens=None, replan=False), pricing)
+    return _charged(summarizer, replace(
+        again, replans=1, summarizer_usage=report.summarizer_usage + again.summarizer_usage))
+
+
+def _choose(summarizer: Summarizer | SummarizerGuard | None, claim: Claim) -> SummarizerChoice:
+    """The summarizer of the visit under ``claim``: a guard decides, a bare one is used."""
+    if isinstance(summarizer, SummarizerGuard):
+        return summarizer.choose(claim.session_id, claim.incarnation)
+    return SummarizerChoice(summarizer)
+
+
+def _charged(summarizer: Summarizer | SummarizerGuard | None,
+             report: FoldReport) -> FoldReport:
+    """``report``, once what its summarizer calls cost is counted against the session."""
+    if isinstance(summarizer, SummarizerGuard) and report.incarnation is not None:
+        summarizer.charge(report.session_id, report.incarnation, report.summarizer_usage)
+    return report
+
+
+def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None,
+             job: FoldJob, pricing: FoldPricing | None) -> FoldReport:
+    """One attempt: claim and read, plan, land (the procedure of the module doc, once)."""
+    sid = job.session_id
+    context = store.begin_fold(sid, job.job_id, enqueued_epoch=job.enqueued_epoch,
+                               lease_s=job.lease_s, force=job.force,
+                               max_abandoned=job.max_abandoned, incarnation=job.incarnation)
+    claim = context.claim
+    base = FoldReport(session_id=sid, job_id=job.job_id, trigger=job.trigger,
+                      outcome="skipped", claim=claim.status, epoch=claim.epoch,
+                      revision=claim.revision, incarnation=claim.incarnation,
+                      detail=claim.detail)
+    if not claim.claimed:
+        return base
+    window, info = context.window, context.session
+    assert window is not None and info is not None  # read with the claim
+    base = replace(base, revision=window.revision)
+    if info.paused and not job.force and job.trigger in ("threshold", "idle"):
+        record = CompactionRecord.paused(
+            trigger=job.trigger, policy=info.policy, current_tokens=info.current_tokens,
+            measured=info.measured_tokens is not None, target_tokens=job.target_tokens)
+        return _land_record(store, claim, _ended(base, record))
+    choice = _choose(summarizer, claim)
+    try:
+        result = fold_window(
+            window.items, info.policy, choice.summarizer, system=window.system,
+            summarizer_skipped=choice.skipped,
+            measured_tokens=_measured(job, info), calibration=info.calibration,
+            trigger=job.trigger, force=job.force, target_tokens=job.target_tokens,
+            latched=context.latched,
+            economics=(None if pricing is None
+                       else FoldEconomics(pricing, cold=job.trigger == "idle")),
+            # Read only for a clipped output masked (or clipped shorter) now: the stub names the
+            # ledger original's size, never a number found in the output.
+            originals=lambda seq: store.recover(sid, seq, seq)[0],
+        )
+    except SoftTimeLimitExceeded:
+        # The hard limit follows shortly: release the claim now (a recorded visit), so the
+        # session is not blocked for a whole lease, and let the task retry later.
+        items = window.items
+        record = CompactionRecord.out_of_time(
+            trigger=job.trigger, policy=info.policy, current_tokens=info.current_tokens,
+            measured_tokens=_measured(job, info),
+            window=(items[0].start_seq, items[-1].end_seq) if items else (0, 0),
+            why=SOFT_TIME_LIMIT, forced=job.force, target_tokens=job.target_tokens)
+        log.warning("fold of %s by %s hit the soft time limit; recording the visit", sid,
+                    job.job_id)
+        return _land_record(store, claim, replace(
+            _ended(base, record), refusals=("summarizer-failed",),
+            retry_error=TransientSummarizerError(f"{SOFT_TIME_LIMIT}: the fold ran out of time")))
+    fault_point("after-summary")
+    report = _land(store, claim, result, base)
+    if choice.skipped and choice.skipped not in report.detail:
+        # Said in the record only when the summarize layer was reached; said to the caller
+        # (the task's result in Flower, the inline fold's report) always.
+        report = replace(report, detail="; ".join(x for x in (report.detail, choice.skipped)
+                                                   if x))
+    return report
+
+
+def _ended(base: FoldReport, record: CompactionRecord) -> FoldReport:
+    """The report of a visit that ended before planning, with its record."""
+    return replace(base, outcome=record.outcome, tokens_before=record.measured_tokens,
+                   tokens_after=record.tokens_after, detail=record.detail, record=record)
+
+
+def _land(store: SessionStore, claim: Claim, result: FoldResult,
+          base: FoldReport) -> FoldReport:
+    """Write the visit in one store call: commit the fold, or record a visit that changed
+    nothing."""
+    record = result.record
+    report = replace(
+        base, outcome=record.outcome, tokens_before=record.measured_tokens,
+        tokens_after=record.tokens_after, spans=len(result.spans),
+        summarizer_usage=record.summarizer_usage,
+        refusals=tuple(sorted({r.reason for r in record.refusals})), detail=record.detail,
+        retry_error=(result.summarizer_error
+                     if isinstance(result.summarizer_error, TransientSummarizerError) else None),
+        record=record,
+    )
+    try:
+        commit = store.finish_fold(claim, result)
+    except StaleSpanError as exc:
+        # Nothing of the fold was written (the store recorded the stale visit itself). What the
+        # summarizer cost is still reported: it was paid.
+        return _stale(report, str(exc))
+    if not result.changed:
+        return report
+    return replace(report, revision=commit.revision,
+                   detail=record.detail or ("re-committed by a redelivery"
+                                            if commit.duplicate else ""))
+
+
+def _land_record(store: SessionStore, claim: Claim, report: FoldReport) -> FoldReport:
+    """Write ``report.record`` under the claim (releasing it). A visit whose session was deleted
+    and created again meanwhile is recorded by the store as ``stale`` instead."""
+    assert report.record is not None
+    try:
+        store.finish_fold(claim, report.record)
+    except StaleSpanError as exc:
+        return _stale(report, str(exc))
+    return report
+
+
+def _stale(report: FoldReport, why: str) -> FoldReport:
+    """``report`` as a lost race: nothing of it landed, nothing is retried."""
+    record = report.record.as_stale(why) if report.record is not None else None
+    return replace(report, outcome="stale", spans=0, retry_error=None, detail=why, record=record)
+
+
+def _measured(job: FoldJob, info: SessionInfo) -> int | None:
+    """The provider-measured size of the window to fold, when one is known."""
+    if job.measured_tokens is not None:
+        return job.measured_tokens
+    # ``current_tokens`` is the last accepted report plus the calibrated estimate of what was
+    # appended since; never measured, it is only an estimate, which fold_window makes itself.
+    return info.current_tokens if info.measured_tokens is not None else None

