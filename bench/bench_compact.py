@@ -1,9 +1,9 @@
 """Benchmark ``sessionfold compact`` (offline summarizer) on the shared real transcripts.
 
-For each transcript in ``../shared/data/transcripts`` this runs, in a fresh Python process of its
+For each transcript in ``tests/data/transcripts`` this runs, in a fresh Python process of its
 own (so one transcript's caches and memory do not flatter the next):
 
-- the command in process, ``sessionfold.workers.cli.main(["compact", FILE, "--budget", N])``
+- the command in process, ``sessionfold.cli.main.main(["compact", FILE, "--budget", N])``
   with its JSON output captured: load, validate, clip, fold, serialize. The *first run* is the
   one a real invocation pays (cold token-count cache); then ``--runs`` more, of which the median
   is reported;
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TRANSCRIPTS = REPO / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
 RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "## Compact (issue 2)"
 DEFAULT_BUDGET = 32_000
@@ -84,9 +84,9 @@ def measure(path: Path, budget: int, runs: int, *, traced: bool = False) -> dict
 
     With ``traced`` only the tracemalloc peak of one run is measured.
     """
+    from sessionfold.cli.main import build_parser, main
     from sessionfold.core.messages import load_conversation_file
     from sessionfold.core.tokens import TokenCounter
-    from sessionfold.workers.cli import build_parser, main
 
     build_parser()  # imports every subcommand's module: the first run is not charged for imports
     rss_imports = _rss_mb()
@@ -138,7 +138,7 @@ def measure(path: Path, budget: int, runs: int, *, traced: bool = False) -> dict
 def _cli_process_seconds(path: Path, budget: int) -> float:
     """Wall time of the console script, as a user runs it, output discarded."""
     script = Path(sys.executable).with_name("sessionfold")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "sessionfold.workers.cli"]
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "sessionfold.cli"]
     start = time.perf_counter()
     subprocess.run([*cmd, "compact", str(path), "--budget", str(budget)], check=True,
                    stdout=subprocess.DEVNULL, timeout=600)
@@ -237,7 +237,7 @@ def update_results(section_body: str, results: Path = RESULTS) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transcripts", type=Path, default=TRANSCRIPTS,
-                        help="folder of session files (default ../shared/data/transcripts)")
+                        help="folder of session files (default tests/data/transcripts)")
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
     parser.add_argument("--runs", type=int, default=5,
                         help="in-process runs after the first, for the median (default 5)")

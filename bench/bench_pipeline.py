@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
+from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.core.messages import Message, load_conversation_file
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore, create_store_engine
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.fakeprovider import FakeProvider
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.redis_conn import redis_client
 from sessionfold.workers.settings import Settings, env_name
@@ -60,7 +60,7 @@ from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "pipeline.md"
-TRANSCRIPT = REPO / ".." / "shared" / "data" / "transcripts" / "django__django-15554.json"
+TRANSCRIPT = REPO / "tests" / "data" / "transcripts" / "django__django-15554.json"
 #: Messages of the transcript each session holds: enough for one summary to be worth it.
 MESSAGES = 40
 
@@ -85,7 +85,7 @@ def process(argv: list[str], settings: Settings, log: Path, ready: str,
                                           if isinstance(value, SecretStr) else str(value))
     child_env.update(env)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sessionfold.workers.cli", *argv],
+        proc = subprocess.Popen([sys.executable, "-m", "sessionfold.cli", *argv],
                                 env=child_env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
@@ -255,8 +255,10 @@ def _redis_memory(settings: Settings, ids: list[str]) -> dict[str, Any]:
     client = redis_client(str(settings.redis_url))
     try:
         per_session = [client.memory_usage(keys.measured(sid)) or 0 for sid in ids]
-        stream = client.memory_usage(keys.usage_stream(), samples=0) or 0
-        length = client.xlen(keys.usage_stream()) or 1
+        # One stream per partition: the bytes and entries of all of them.
+        streams = keys.usage_streams()
+        stream = sum(client.memory_usage(name, samples=0) or 0 for name in streams)
+        length = sum(client.xlen(name) or 0 for name in streams) or 1
     finally:
         client.close()
     return {"redis bytes/session": statistics.mean(per_session) if per_session else 0,

@@ -4,6 +4,9 @@
         --systems none,langchain,openhands,autogen,sessionfold-background,sessionfold-inline
     .venv/bin/python bench/bench_replay.py --quick --out /tmp/b1   # none + sessionfold only
 
+``-recall`` systems give sessionfold's agent the recall tool, the scripted agent asking for what
+each call's answer needs and its window lacks (``b1.oracle``: an upper bound).
+
 The peers run in their own virtualenvs (``bash bench/peers/setup_peers.sh`` makes them), each in
 a process of its own, one after the other; none and sessionfold run in this process. Every system
 replays the same transcripts with the same scripted model (4.0 s a call), fake summarizer (2.0 s)
@@ -48,15 +51,18 @@ from b1.transcripts import (  # noqa: E402
 )
 
 PEERS = ("langchain", "openhands", "autogen")
-#: sessionfold through the real client and pipeline (``b1.pipeline_systems``).
-PIPELINE = ("sessionfold-background", "sessionfold-inline")
+#: sessionfold through the real client and pipeline (``b1.pipeline_systems``); ``-recall``:
+#: with the recall tool, the scripted agent as the recall oracle (``b1.oracle``).
+PIPELINE = ("sessionfold-background", "sessionfold-inline", "sessionfold-background-recall",
+            "sessionfold-inline-recall")
 #: sessionfold's fold engine in process (``b1.sessionfold_systems``).
 IN_PROCESS = ("sessionfold-background-inprocess", "sessionfold-inline-inprocess")
 ALL_SYSTEMS = ("none", *PEERS, *PIPELINE, *IN_PROCESS)
 #: Systems whose numbers depend on timing (a fold landing between calls): run them alone.
-BACKGROUND = ("sessionfold-background", "sessionfold-background-inprocess")
-QUICK_SYSTEMS = ("none", "sessionfold-inline", "sessionfold-inline-inprocess",
-                 "sessionfold-background-inprocess")
+BACKGROUND = ("sessionfold-background", "sessionfold-background-recall",
+              "sessionfold-background-inprocess")
+QUICK_SYSTEMS = ("none", "sessionfold-inline", "sessionfold-inline-recall",
+                 "sessionfold-inline-inprocess", "sessionfold-background-inprocess")
 QUICK_TRANSCRIPT = STRESS_TRANSCRIPT
 CHART_TRANSCRIPTS = ("django__django-16560", STRESS_TRANSCRIPT)
 TITLE = "## B1 — replay cost against the peer compactors"
@@ -87,18 +93,25 @@ def _replay_local(name: str, transcripts: list[Transcript], args: argparse.Names
 def _replay_pipeline(name: str, transcripts: list[Transcript], args: argparse.Namespace,
                      counter: Counter) -> list[SystemRun]:
     from b1.fakes import FakeSummarizer
-    from b1.pipeline_systems import Pipeline, PipelineBackground, PipelineInline
+    from b1.pipeline_systems import (
+        Pipeline,
+        PipelineBackground,
+        PipelineBackgroundRecall,
+        PipelineInline,
+        PipelineInlineRecall,
+    )
 
     fake = FakeSummarizer(counter=counter, time_scale=args.time_scale)
-    background = name == "sessionfold-background"
+    background = name.startswith("sessionfold-background")
     pipeline = Pipeline(fake, workers=background, log=args.out / f"{name}.log")
     pipeline.start()
     try:
-        system = (PipelineBackground(pipeline, args.policy) if background
-                  else PipelineInline(pipeline, args.policy))
-        source = ("the real pipeline: sessionfold.workers client + `sessionfold up` "
+        kinds = {kind.name: kind for kind in (PipelineBackground, PipelineInline,
+                                              PipelineBackgroundRecall, PipelineInlineRecall)}
+        system = kinds[name](pipeline, args.policy)
+        source = ("the real pipeline: sessionfold.client + `sessionfold up` "
                   "(scheduler, Celery worker, embedded Redis, SQLite)" if background else
-                  "the real client (sessionfold.workers), inline only, SQLite store")
+                  "the real client (sessionfold.client), inline only, SQLite store")
         runs = []
         for budget in args.budget_list:
             print(f"[b1] {name} @ {budget}", file=sys.stderr)
@@ -140,6 +153,22 @@ def _finish_peer(peer: str, process: subprocess.Popen[bytes],
 
 SNAPSHOT_ENV = "B1_SNAPSHOT_COMMIT"
 SNAPSHOT_DIR_ENV = "B1_SNAPSHOT_DIR"
+#: The package folders of the ``sessionfold`` namespace (see pyproject.toml).
+def _packages() -> tuple[str, ...]:
+    """The top-level folders pyproject.toml maps to ``sessionfold.<name>`` (all of them, so a
+    new package cannot be left out of the snapshot and silently come from the work tree)."""
+    import tomllib
+
+    with (REPO / "pyproject.toml").open("rb") as f:
+        mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    folders = [folder for name, folder in mapping.items()
+               if name.startswith("sessionfold.") and name.count(".") == 1]
+    assert all(name == f"sessionfold.{folder}" for name, folder in mapping.items()
+               if name.count(".") == 1), "update _packages: a package's folder is renamed"
+    return tuple(folders)
+
+
+PACKAGES = _packages()
 
 
 def _git(*argv: str) -> str:
@@ -148,7 +177,8 @@ def _git(*argv: str) -> str:
 
 
 def _rerun_on_snapshot(argv: list[str]) -> None:
-    """Run this command again against the last commit's core/, store/ and workers/.
+    """Run this command again against the last commit's packages (core/, store/, workers/,
+    client/, cli/).
 
     Several engineers edit the work tree at once: a module saved half-way can break an import
     in the middle of a ten-minute run. The snapshot (``git archive HEAD``) is laid out as the
@@ -157,11 +187,11 @@ def _rerun_on_snapshot(argv: list[str]) -> None:
     """
     commit = _git("rev-parse", "HEAD")
     root = Path(tempfile.mkdtemp(prefix=f"b1-snapshot-{commit[:8]}-"))
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "core", "store",
-                              "workers"], check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, *PACKAGES],
+                             check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
     (root / "sessionfold").mkdir()
-    for name in ("core", "store", "workers"):
+    for name in PACKAGES:
         (root / "sessionfold" / name).symlink_to(root / name, target_is_directory=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -174,13 +204,13 @@ def _rerun_on_snapshot(argv: list[str]) -> None:
 
 def _sessionfold_source() -> str:
     """Which sessionfold code ran: a commit's snapshot, or the work tree (and whether it had
-    uncommitted changes in core/, store/ or workers/)."""
+    uncommitted changes in its packages)."""
     snapshot = os.environ.get(SNAPSHOT_ENV)
     if snapshot:
         return f"commit {snapshot[:12]} (snapshot)"
     try:
         commit = _git("rev-parse", "--short=12", "HEAD")
-        dirty = _git("status", "--porcelain", "--", "core", "store", "workers")
+        dirty = _git("status", "--porcelain", "--", *PACKAGES)
     except (OSError, subprocess.CalledProcessError):
         return "work tree (no git)"
     return f"work tree at {commit}" + (" with uncommitted changes" if dirty else "")
@@ -268,8 +298,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="FoldPolicy fields for every sessionfold system, e.g. "
                              "trigger_ratio=0.7,target_ratio=0.35 (default: the defaults)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"none + sessionfold only (the client inline-only, the engine in "
-                             f"process), on {QUICK_TRANSCRIPT}, budget 32000")
+                        help=f"none + sessionfold only (the client inline-only, with and "
+                             f"without the recall tool, the engine in process), on "
+                             f"{QUICK_TRANSCRIPT}, budget 32000")
     parser.add_argument("--transcripts", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--only", default="", help="comma-separated transcript ids")
     parser.add_argument("--out", type=Path, default=BENCH / "out" / "b1")

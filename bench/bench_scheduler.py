@@ -1,4 +1,4 @@
-"""Benchmark: usage events ingested per second by one scheduler (goal: >= 20,000/s).
+"""Benchmark: usage events ingested per second by schedulers (goal: >= 50,000/s a process).
 
 Setup (not timed): ``--sessions`` sessions in a fresh store (SQLite in a temporary directory
 unless ``--database-url`` names another), each with enough turns and a budget large enough that
@@ -26,8 +26,12 @@ Usage (from the repository root; Redis from ``SF_TEST_REDIS_URL`` or ``REDIS_URL
 from __future__ import annotations
 
 import argparse
+import cProfile
+import json
+import multiprocessing
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -42,6 +46,7 @@ from sessionfold.store.store import SessionStore
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.metrics import Metrics
 from sessionfold.workers.redis_conn import redis_client
+from sessionfold.workers.runtime import freeze_startup_objects
 from sessionfold.workers.scheduler import Scheduler
 from sessionfold.workers.settings import Settings
 from sessionfold.workers.usagebus import UsageEvent
@@ -63,33 +68,22 @@ def _timed(totals: dict[str, float], name: str, fn: Callable[..., Any]) -> Calla
 def _prefill(client: Any, keys: Keys, sessions: list[tuple[str, int, int]], events: int) -> None:
     pipe = client.pipeline(transaction=False)
     now = time.time()
-    stream = keys.usage_stream()
     for i in range(events):
         sid, last_seq, revision = sessions[i % len(sessions)]
         round_ = i // len(sessions)
         ev = UsageEvent(session_id=sid, seq=min(round_, last_seq), revision=revision,
                         input_tokens=1000 + round_, output_tokens=50, model="bench",
                         time=now)
-        pipe.xadd(stream, ev.to_fields(), maxlen=max(events * 2, 1000),  # type: ignore[arg-type]
-                  approximate=True)
+        pipe.xadd(keys.usage_stream_of(sid), ev.to_fields(),  # type: ignore[arg-type]
+                  maxlen=max(events * 2, 1000), approximate=True)
         if len(pipe) >= 5000:
             pipe.execute()
     pipe.execute()
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    redis_url = args.redis_url or os.environ.get("SF_TEST_REDIS_URL") or os.environ.get(
-        "REDIS_URL") or "redis://127.0.0.1:6379/15"
-    prefix = f"bench-scheduler:{uuid.uuid4().hex[:8]}:"
-    tmp = tempfile.TemporaryDirectory(prefix="sf-bench-sched-")
-    db_url = args.database_url or f"sqlite:///{Path(tmp.name) / 'store.db'}"
-    settings = Settings(redis_url=redis_url, database_url=db_url, key_prefix=prefix,
-                        data_dir=Path(tmp.name), scheduler_batch_size=args.batch_size,
-                        scheduler_block_ms=50, scheduler_sweep_interval_s=3600,
-                        scheduler_policy_cache_s=60, usage_stream_maxlen=max(args.events, 1000),
-                        scheduler_store_flush_ms=args.flush_ms)
-    keys = Keys.from_settings(settings)
-    client = redis_client(redis_url)
+def _setup(args: argparse.Namespace, workdir: Path) -> tuple[str, list[tuple[str, int, int]]]:
+    """A migrated store with the sessions (SQLite in ``workdir`` unless a URL was given)."""
+    db_url = args.database_url or f"sqlite:///{workdir / 'store.db'}"
     store = SessionStore.from_url(db_url)
     store.migrate()
     sessions: list[tuple[str, int, int]] = []
@@ -103,18 +97,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.create_session(sid, FoldPolicy(budget_tokens=1_000_000), system="bench agent")
         appended = store.append(sid, turns)
         sessions.append((sid, appended.last_seq, appended.revision))
-    _prefill(client, keys, sessions, args.events)
+    store.close()
+    return db_url, sessions
 
+
+def _settings(args: argparse.Namespace, redis_url: str, db_url: str, prefix: str,
+              workdir: Path) -> Settings:
+    return Settings(redis_url=redis_url, database_url=db_url, key_prefix=prefix,
+                    data_dir=workdir, scheduler_batch_size=args.batch_size,
+                    scheduler_block_ms=50, scheduler_sweep_interval_s=3600,
+                    scheduler_policy_cache_s=3600, usage_stream_maxlen=max(args.events, 1000),
+                    scheduler_store_flush_ms=args.flush_ms, partitions=args.partitions,
+                    scheduler_lease_ms=600_000)
+
+
+def _scheduler(settings: Settings, store: SessionStore, client: Any, name: str,
+               enqueued: list[str], args: argparse.Namespace,
+               sessions: list[tuple[str, int, int]]) -> Scheduler:
     if args.no_store:
         store.record_usage_batch = lambda reports: len(reports)  # type: ignore[method-assign]
-    enqueued: list[str] = []
     scheduler = Scheduler(settings, store, client,
                           lambda sid, epoch, trigger, token: enqueued.append(sid) or "job",
-                          consumer_name="bench", metrics_=Metrics(CollectorRegistry()))
-    scheduler.sweep()  # the periodic sweep is not part of ingestion: run it before timing
+                          consumer_name=name, metrics_=Metrics(CollectorRegistry()))
     if args.warm_cache:  # the policy cache as a long-running scheduler has it
         for sid, _, _ in sessions:
             scheduler._cached_info(sid)
+    return scheduler
+
+
+def _redis_cpu_s(client: Any) -> float | None:
+    """CPU seconds (user + system) the Redis server has used, when it runs on this machine."""
+    try:
+        pid = int(client.info("server")["process_id"])
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One scheduler in this process, timed step by step (the figure B3 has always reported)."""
+    redis_url = _redis_url(args)
+    prefix = f"bench-scheduler:{uuid.uuid4().hex[:8]}:"
+    tmp = tempfile.TemporaryDirectory(prefix="sf-bench-sched-")
+    db_url, sessions = _setup(args, Path(tmp.name))
+    settings = _settings(args, redis_url, db_url, prefix, Path(tmp.name))
+    keys = Keys.from_settings(settings)
+    client = redis_client(redis_url)
+    store = SessionStore.from_url(db_url)
+    _prefill(client, keys, sessions, args.events)
+    enqueued: list[str] = []
+    scheduler = _scheduler(settings, store, client, "bench", enqueued, args, sessions)
+    scheduler.sweep()  # the periodic sweep is not part of ingestion: run it before timing
+    freeze_startup_objects()  # as Scheduler.run_forever does before its loop
     totals: dict[str, float] = {}
     consumer = scheduler.consumer
     consumer._read_new = _timed(totals, "redis read", consumer._read_new)  # type: ignore[method-assign]
@@ -127,6 +163,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     consumer.ack = _timed(totals, "redis ack", consumer.ack)  # type: ignore[method-assign]
 
     ingested = batches = accepted = 0
+    profiler = cProfile.Profile(time.process_time) if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    redis_cpu = _redis_cpu_s(client)
+    cpu = time.process_time()
     start = time.perf_counter()
     while ingested < args.events:
         stats = scheduler.run_once()
@@ -137,24 +178,112 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batches += 1
     scheduler.flush()  # what still waits to be written is part of the work
     elapsed = time.perf_counter() - start
-    left = int(client.xpending(keys.usage_stream(), settings.scheduler_group)["pending"])
-
-    for key in client.scan_iter(match=keys.all_pattern(), count=1000):
-        client.delete(key)
-    client.close()
+    cpu = time.process_time() - cpu
+    redis_after = _redis_cpu_s(client)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(str(args.profile))
+    left = _unacked(client, keys, settings)
+    _cleanup(client, keys)
     store.close()
     tmp.cleanup()
     other = elapsed - sum(totals.values())
     return {
         "events": ingested, "sessions": args.sessions, "batch size": args.batch_size,
-        "flush ms": args.flush_ms,
+        "flush ms": args.flush_ms, "partitions": args.partitions,
         "batches": batches, "store rows written": accepted, "unacked left": left,
         "jobs enqueued": len(enqueued), "seconds": elapsed,
         "events/s": ingested / elapsed if elapsed else 0.0,
+        "scheduler cpu s": cpu,
+        "events per scheduler cpu s": ingested / cpu if cpu else 0.0,
+        "redis cpu s": (None if redis_cpu is None or redis_after is None
+                        else redis_after - redis_cpu),
         "split": {**totals, "python (decode, decide, bookkeeping)": other},
         "store": ("no-op (--no-store)" if args.no_store else
                   "sqlite (tmp)" if args.database_url is None else "given URL"),
         "parser": _parser_name(client),
+    }
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    return str(args.redis_url or os.environ.get("SF_TEST_REDIS_URL") or os.environ.get(
+        "REDIS_URL") or "redis://127.0.0.1:6379/15")
+
+
+def _unacked(client: Any, keys: Keys, settings: Settings) -> int:
+    return sum(int(client.xpending(stream, settings.scheduler_group)["pending"])
+               for stream in keys.usage_streams() if client.exists(stream))
+
+
+def _cleanup(client: Any, keys: Keys) -> None:
+    for key in client.scan_iter(match=keys.all_pattern(), count=1000):
+        client.delete(key)
+    client.close()
+
+
+def _child(args: argparse.Namespace, settings: Settings, index: int, processes: int,
+           sessions: list[tuple[str, int, int]], barrier: Any, counter: Any,
+           results: Any) -> None:
+    """One scheduler process: join, take its share of the partitions, ingest until the
+    processes together have read every event, write out what waits."""
+    client = redis_client(str(settings.redis_url))
+    store = SessionStore.from_url(str(settings.database_url))
+    enqueued: list[str] = []
+    scheduler = _scheduler(settings, store, client, f"bench-{index}", enqueued, args, sessions)
+    for _ in range(3):  # everyone joins, surplus is handed over, then taken: a settled split
+        barrier.wait()
+        scheduler.rebalance()
+    freeze_startup_objects()
+    barrier.wait()
+    cpu, start, events = time.process_time(), time.perf_counter(), 0
+    while counter.value < args.events:
+        stats = scheduler.run_once()
+        if stats.events:
+            with counter.get_lock():
+                counter.value += stats.events
+            events += stats.events
+    scheduler.flush()
+    results.put({"index": index, "events": events, "cpu s": time.process_time() - cpu,
+                 "start": start, "end": time.perf_counter(),
+                 "partitions": len(scheduler.leases.owned)})
+    store.close()
+    client.close()
+
+
+def run_processes(args: argparse.Namespace, processes: int, workdir: Path, db_url: str,
+                  sessions: list[tuple[str, int, int]]) -> dict[str, Any]:
+    """``processes`` scheduler processes sharing the partitions; wall time and CPU of each."""
+    redis_url = _redis_url(args)
+    prefix = f"bench-scheduler:{uuid.uuid4().hex[:8]}:"
+    settings = _settings(args, redis_url, db_url, prefix, workdir)
+    keys = Keys.from_settings(settings)
+    client = redis_client(redis_url)
+    _prefill(client, keys, sessions, args.events)
+    ctx = multiprocessing.get_context("fork")
+    barrier, counter, results = ctx.Barrier(processes), ctx.Value("q", 0), ctx.Queue()
+    children = [ctx.Process(target=_child, args=(args, settings, i, processes, sessions,
+                                                 barrier, counter, results))
+                for i in range(processes)]
+    redis_cpu = _redis_cpu_s(client)
+    for child in children:
+        child.start()
+    reports = [results.get(timeout=1800) for _ in children]
+    for child in children:
+        child.join()
+    redis_after = _redis_cpu_s(client)
+    left = _unacked(client, keys, settings)
+    _cleanup(client, keys)
+    elapsed = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    cpu = sum(r["cpu s"] for r in reports)
+    events = sum(r["events"] for r in reports)
+    return {
+        "processes": processes, "events": events, "seconds": elapsed,
+        "events/s": events / elapsed if elapsed else 0.0,
+        "scheduler cpu s": cpu, "events per scheduler cpu s": events / cpu if cpu else 0.0,
+        "redis cpu s": (None if redis_cpu is None or redis_after is None
+                        else redis_after - redis_cpu),
+        "unacked left": left,
+        "per process": sorted(reports, key=lambda r: r["index"]),
     }
 
 
@@ -168,18 +297,20 @@ def _parser_name(client: Any) -> str:
 
 def report(result: dict[str, Any]) -> str:
     lines = [
-        "## Scheduler ingestion (issue 4)",
+        "## Scheduler ingestion",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; store: {result['store']}; reply parser: "
-        f"{result['parser']}.",
+        f"{result['parser']}; {result['partitions']} partitions.",
         "",
-        "| events | sessions | batch | flush ms | batches | store rows | seconds | events/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| events | sessions | batch | flush ms | batches | store rows | seconds | events/s "
+        "| events per scheduler CPU-s | Redis CPU-s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {result['events']:,} | {result['sessions']:,} | {result['batch size']:,} | "
         f"{result['flush ms']} | "
         f"{result['batches']:,} | {result['store rows written']:,} | {result['seconds']:.2f} | "
-        f"**{result['events/s']:,.0f}** |",
+        f"**{result['events/s']:,.0f}** | {result['events per scheduler cpu s']:,.0f} | "
+        f"{_num(result['redis cpu s'])} |",
         "",
         "Where the time went:",
         "",
@@ -193,11 +324,38 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report_processes(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [
+        "## Scheduler processes sharing the partitions",
+        "",
+        f"{args.events:,} events over {args.sessions:,} sessions, {args.partitions} partitions, "
+        f"batches of {args.batch_size:,}; {os.cpu_count()} CPUs shared by the schedulers, the "
+        "Redis server and the store. Wall time from the first process starting to read to the "
+        "last one done; CPU is the schedulers' own (user + system).",
+        "",
+        "| processes | seconds | events/s | × one process | events per scheduler CPU-s "
+        "| Redis CPU-s | unacked left |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = runs[0]["events/s"] if runs else 0.0
+    for run_ in runs:
+        lines.append(
+            f"| {run_['processes']} | {run_['seconds']:.2f} | **{run_['events/s']:,.0f}** | "
+            f"{run_['events/s'] / base:.2f} | {run_['events per scheduler cpu s']:,.0f} | "
+            f"{_num(run_['redis cpu s'])} | {run_['unacked left']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--sessions", type=int, default=1_000)
     parser.add_argument("--batch-size", type=int, default=1_000)
+    parser.add_argument("--partitions", type=int, default=Settings().partitions)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--database-url", default=None,
                         help="store URL (default: a fresh SQLite file in a temporary directory)")
@@ -208,16 +366,48 @@ def main(argv: list[str] | None = None) -> int:
                         help="read every session's policy before timing (a running scheduler)")
     parser.add_argument("--no-store", action="store_true",
                         help="replace the store write with a no-op: the scheduler's own ceiling")
+    parser.add_argument("--processes", default=None,
+                        help="comma-separated process counts (e.g. 1,2,4): scheduler processes "
+                             "sharing the partitions, each count on the same events and a copy "
+                             "of the same store")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile (CPU time) of the timed loop here")
+    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.quick:
         args.events = min(args.events, 20_000)
-    result = run(args)
-    text = report(result)
+    if args.processes:
+        counts = [int(n) for n in args.processes.split(",")]
+        with tempfile.TemporaryDirectory(prefix="sf-bench-sched-") as tmp:
+            workdir = Path(tmp)
+            db_url, sessions = _setup(args, workdir)
+            pristine = workdir / "pristine.db"
+            if args.database_url is None:
+                shutil.copy(workdir / "store.db", pristine)
+            runs = []
+            for n in counts:
+                if args.database_url is None:  # every count starts from the same store
+                    shutil.copy(pristine, workdir / "store.db")
+                runs.append(run_processes(args, n, workdir, db_url, sessions))
+        text = report_processes(runs, args)
+        data: Any = {"mode": "processes", "args": vars(args) | {"out": str(args.out),
+                                                                 "json": str(args.json),
+                                                                 "profile": None},
+                     "runs": runs}
+        ok = all(r["unacked left"] == 0 for r in runs)
+    else:
+        result = run(args)
+        text = report(result)
+        data = {"mode": "one", "result": result}
+        ok = result["unacked left"] == 0
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    return 0 if result["unacked left"] == 0 else 1
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=2, default=str))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

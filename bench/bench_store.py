@@ -63,7 +63,7 @@ from sessionfold.store.engine import create_store_engine
 from sessionfold.store.schema import ledger, sessions, window_items
 
 REPO = Path(__file__).resolve().parents[1]
-TRANSCRIPTS = REPO / ".." / "shared" / "data" / "transcripts"
+TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
 OUT = REPO / "bench" / "out" / "store.md"
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 #: Not the 868 K-character run: its one giant output is clipped anyway, and it is not typical.
@@ -235,9 +235,11 @@ def _fold(store: SessionStore, sid: str, job: str,
     if result is None:
         store.record_visit(sid, CompactionRecord(
             trigger="threshold", outcome="nothing-to-fold", budget_tokens=1, target_tokens=0,
-            measured_tokens=0, tokens_after=0), job_id=job, epoch=claim.epoch)
+            measured_tokens=0, tokens_after=0), job_id=job, epoch=claim.epoch,
+            incarnation=claim.incarnation)
         return None
-    commit = lambda: store.commit_fold(sid, result, epoch=claim.epoch, job_id=job)  # noqa: E731
+    commit = lambda: store.commit_fold(sid, result, epoch=claim.epoch,  # noqa: E731
+                                       incarnation=claim.incarnation, job_id=job)
     if timed is None:
         commit()
         return None

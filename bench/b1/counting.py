@@ -44,10 +44,13 @@ Message = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Request:
-    """What one model call sends: the system prompt and the messages, in the Anthropic shape."""
+    """What one model call sends: the system prompt and the messages, in the Anthropic shape,
+    and the tool definitions a system adds to the request (sessionfold's recall tool; the
+    transcripts' own tools are sent by no system, see RESULTS.md)."""
 
     system: str
     messages: Sequence[Message]
+    tools: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,14 @@ class Counter:
         return self.text(system) + MESSAGE_OVERHEAD if system else 0
 
     def request_units(self, request: Request) -> list[Unit]:
+        # Tools lead the prompt (and its cached prefix), then the system prompt, then messages.
+        # A tool is counted as its JSON definition; the tool-use system prompt the provider adds
+        # once a request carries any tool is not: the transcripts' agents already send tools.
         units: list[Unit] = []
+        for tool in request.tools:
+            ids = self.ids(block_key(tool))
+            units.append(Unit(key="\x00tool:" + block_key(tool), count=len(ids) + BLOCK_OVERHEAD,
+                              ids=ids))
         if request.system:
             ids = self.ids(request.system)
             units.append(Unit(key="\x00system:" + request.system,

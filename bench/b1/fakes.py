@@ -2,8 +2,13 @@
 
 - The *scripted model* answers each call with the transcript's next assistant message; it takes
   ``MODEL_SECONDS`` (4.0 s) of latency per call.
-- The *fake summarizer* returns a deterministic ~300-token summary of whatever it is given (the
-  same input gives the same words) after ``SUMMARIZER_SECONDS`` (2.0 s).
+- The *fake summarizer* answers with the identifier digest (:func:`b1.needed.digest_summary`,
+  at most ``SUMMARY_TOKENS`` = 300 tokens) of the material it is given -- the conversation part
+  of the system's summarizer prompt, which each adapter cuts out of its own prompt -- listing
+  only identifiers the replayed conversation named (``vocabulary``, set by the replay for each
+  transcript); after ``SUMMARIZER_SECONDS`` (2.0 s). Every system gets the same function, so
+  needed-context recall compares policies, not summarizer luck. The prompt as a whole is what
+  the summarizer is billed for.
 
 Both latencies are multiplied by one ``time_scale`` so a run takes minutes; the *ratio* is what
 matters (a background fold helps only if it lands between two calls), and it is kept.
@@ -16,12 +21,12 @@ real thread of their own.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .counting import Counter
+from .needed import digest_summary
 
 __all__ = [
     "MODEL_SECONDS",
@@ -30,33 +35,11 @@ __all__ = [
     "FakeSummarizer",
     "ScriptedModel",
     "SummarizerCall",
-    "summary_text",
 ]
 
 MODEL_SECONDS = 4.0
 SUMMARIZER_SECONDS = 2.0
 SUMMARY_TOKENS = 300
-
-# Plain words that are one cl100k token each with a leading space, so a summary of N words is
-# about N tokens.
-_WORDS = (
-    "the", "file", "test", "function", "change", "error", "output", "module", "class", "value",
-    "check", "fixed", "failed", "passed", "path", "line", "call", "return", "import", "issue",
-    "step", "run", "result", "patch", "code", "read", "found", "added", "removed", "case",
-    "method", "field", "query", "model", "field", "type", "list", "string", "object", "name",
-)
-
-
-def summary_text(seed: str, counter: Counter, tokens: int = SUMMARY_TOKENS) -> str:
-    """A deterministic text of ``tokens`` tokens that depends only on ``seed``."""
-    digest = hashlib.sha256(seed.encode("utf-8", "surrogatepass")).digest()
-    words: list[str] = [f"Summary {digest.hex()[:16]} of the earlier steps:"]
-    block = digest
-    while len(words) < tokens + 8:
-        block = hashlib.sha256(block).digest()
-        words.extend(_WORDS[b % len(_WORDS)] for b in block)
-    ids = counter.ids(" ".join(words), cache=False)[:tokens]
-    return counter.decode(ids)
 
 
 @dataclass(frozen=True)
@@ -74,22 +57,26 @@ class SummarizerCall:
 
 @dataclass
 class FakeSummarizer:
-    """Deterministic ~300-token summaries after a scaled 2.0 s; thread-safe."""
+    """Deterministic identifier digests of at most 300 tokens after a scaled 2.0 s; thread-safe."""
 
     counter: Counter
     time_scale: float
     calls: list[SummarizerCall] = field(default_factory=list)
     agent_thread: int | None = None
+    #: The identifiers the conversation being replayed named (None: any identifier).
+    vocabulary: frozenset[str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def summarize(self, prompt: str, *, input_tokens: int | None = None) -> str:
-        """Summarize ``prompt`` (the text the system sends its summarizer model).
+    def summarize(self, prompt: str, material: str, *, input_tokens: int | None = None) -> str:
+        """Summarize ``material``, the conversation part of ``prompt`` (the whole text the
+        system sends its summarizer model, instruction included).
 
         ``input_tokens`` is the prompt's size if the caller counted it (a message list is
         counted with its framing); otherwise the prompt text is counted here.
         """
         n_in = self.counter.text(prompt, cache=False) if input_tokens is None else input_tokens
-        text = summary_text(prompt, self.counter)
+        text = digest_summary(material, SUMMARY_TOKENS, counter=self.counter,
+                              only=self.vocabulary)
         started = time.perf_counter()
         time.sleep(SUMMARIZER_SECONDS * self.time_scale)
         elapsed = time.perf_counter() - started

@@ -2,7 +2,7 @@
 
 - ``sessionfold-background`` (pipeline): ``sessionfold up --no-flower`` runs in a temporary data
   dir (embedded Redis, a SQLite store, the scheduler and a Celery worker); the agent is a
-  :class:`~sessionfold.workers.client.SessionHandle` with ``over_budget="send"``. Before each
+  :class:`~sessionfold.client.SessionHandle` with ``over_budget="send"``. Before each
   call it reads the window from the store, after it reports the usage on the bus; folds are the
   scheduler's and the workers' business, and land whenever they land. The workers' summarizer
   is sessionfold's ``AnthropicSummarizer`` pointed (``ANTHROPIC_BASE_URL``) at a local HTTP
@@ -10,11 +10,18 @@
 - ``sessionfold-inline`` (client, inline-only): no scheduler or workers; the handle's
   ``over_budget="fold"`` rule -- past the budget, ``fold_inline`` before the call -- with the
   client's own summarizer (the same fake, in process), so its calls run on the agent's thread.
+- ``sessionfold-background-recall`` / ``sessionfold-inline-recall``: the same, with the recall
+  tool. The agent makes each call through ``SessionHandle.call(fn)``, which sends the window
+  (with its recall hints) and the ``sessionfold_recall`` definition through ``fn``, answers a
+  recall-only reply from the ledger (the store's full-text search), appends the exchange and
+  calls ``fn`` again. ``fn`` is the harness's scripted model playing the recall oracle
+  (:mod:`b1.oracle`): every request it is sent is billed.
 
-The handle's steps are taken one by one with its public methods (``info``/``fold_inline`` as
-``over_budget="fold"`` does, ``window``, then ``report_usage`` with the view's seq and revision),
-because the harness itself makes the model call; a request over the model's context window
-(200 k) folds inline to half the budget first, as ``SessionHandle.call`` does after a 400.
+Without the tool, the handle's steps are taken one by one with its public methods
+(``info``/``fold_inline`` as ``over_budget="fold"`` does, ``window``, then ``report_usage`` with
+the view's seq and revision), because the harness itself makes the model call; a request over the
+model's context window (200 k) folds inline to half the budget first, as ``SessionHandle.call``
+does after a 400.
 """
 
 from __future__ import annotations
@@ -33,14 +40,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
+from sessionfold.cli.replay import wait_settled
+from sessionfold.client import Client, SessionHandle, WindowView, connect
+from sessionfold.core.errors import ContextOverflowError
 from sessionfold.workers.celery_app import make_celery
-from sessionfold.workers.client import Client, SessionHandle, WindowView, connect
-from sessionfold.workers.replay import wait_settled
 from sessionfold.workers.settings import Settings
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
-from .replay import Env
+from .replay import Env, ModelFn
 from .sessionfold_systems import (
     CONTEXT_WINDOW,
     describe_policy,
@@ -50,7 +58,13 @@ from .sessionfold_systems import (
 )
 from .transcripts import Transcript
 
-__all__ = ["Pipeline", "PipelineBackground", "PipelineInline"]
+__all__ = [
+    "Pipeline",
+    "PipelineBackground",
+    "PipelineBackgroundRecall",
+    "PipelineInline",
+    "PipelineInlineRecall",
+]
 
 READY_TIMEOUT_S = 90.0
 SETTLE_TIMEOUT_S = 180.0
@@ -121,7 +135,7 @@ class Pipeline:
                         "SESSIONFOLD_SUMMARIZER": "anthropic", "SESSIONFOLD_METRICS_PORT": "0"})
             with self.log_path.open("wb") as log:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "sessionfold.workers.cli", "up", "--no-flower"],
+                    [sys.executable, "-m", "sessionfold.cli", "up", "--no-flower"],
                     env=env, stdout=log, stderr=subprocess.STDOUT)
             self._wait_until_up(settings)
         # The client's inline folds use the same fake summarizer in process: on the agent's path.
@@ -192,7 +206,7 @@ class _Session:
     def request(self) -> Request:
         if self.mode == "fold":  # what over_budget="fold" does before the call
             info = self.handle.info()
-            if info.current_tokens > info.policy.budget_tokens:
+            if info.policy.over_budget(info.current_tokens):
                 self.handle.fold_inline(trigger="overflow", measured_tokens=info.current_tokens)
         view = self.handle.window()
         request = Request(view.system, view.messages)
@@ -221,9 +235,38 @@ class _Session:
         return [e.message.to_json() for e in self.handle.ledger() if e.message is not None]
 
 
+class _RecallSession(_Session):
+    """A session whose agent calls through ``SessionHandle.call(fn)``: the client offers and
+    answers the recall tool, and reports every request's usage itself."""
+
+    def __init__(self, handle: SessionHandle, client: Client, counter: Counter,
+                 mode: Literal["send", "fold"]) -> None:
+        super().__init__(handle, client, counter, mode)
+        self.replies = 0
+
+    def call(self, model: ModelFn) -> None:
+        def fn(system: str, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]]) -> dict[str, Any]:
+            request = Request(system, messages, tools)
+            tokens = self.counter.request(request)
+            if tokens > CONTEXT_WINDOW:  # the provider's 400: the client folds and retries
+                raise ContextOverflowError(f"prompt is too long: {tokens} tokens > "
+                                           f"{CONTEXT_WINDOW} maximum")
+            reply = model(request)
+            self.replies += 1
+            return {"id": f"msg_b1_{self.replies}", "type": "message", "role": "assistant",
+                    "model": "b1-scripted", "content": reply.content,
+                    "stop_reason": reply.stop_reason, "stop_sequence": None,
+                    "usage": {"input_tokens": reply.input_tokens, "output_tokens": 1}}
+
+        self.handle.call(fn, over_budget=self.mode)
+
+
 class _PipelineSystem:
     name = ""
     mode: Literal["send", "fold"] = "send"
+    #: The agent calls through ``call(fn)`` with the recall tool (the oracle asks for recall).
+    recall = False
 
     def __init__(self, pipeline: Pipeline, overrides: Mapping[str, Any] | None = None) -> None:
         self.pipeline = pipeline
@@ -237,7 +280,8 @@ class _PipelineSystem:
         handle = client.session(f"b1-{self.run_id}-{budget}-{transcript.id}",
                                 policy=make_policy(budget, self.overrides),
                                 system=transcript.system, over_budget=self.mode)
-        return _Session(handle, client, env.counter, self.mode)
+        kind = _RecallSession if self.recall else _Session
+        return kind(handle, client, env.counter, self.mode)
 
 
 class PipelineBackground(_PipelineSystem):
@@ -258,3 +302,25 @@ class PipelineInline(_PipelineSystem):
         return ("client inline-only (over_budget='fold': past the budget, fold_inline before "
                 "the call; no scheduler or workers), "
                 + describe_policy(make_policy(budget, self.overrides), self.overrides))
+
+
+_RECALL = ("; with the recall tool: the agent calls through SessionHandle.call(fn), which sends "
+           "sessionfold_recall and answers recall-only replies from the ledger; the scripted "
+           "agent is the recall oracle (one recall turn, a query per missing identifier, before "
+           "any call whose window lacks identifiers its answer needs)")
+
+
+class PipelineBackgroundRecall(PipelineBackground):
+    name = "sessionfold-background-recall"
+    recall = True
+
+    def describe(self, budget: int) -> str:
+        return super().describe(budget) + _RECALL
+
+
+class PipelineInlineRecall(PipelineInline):
+    name = "sessionfold-inline-recall"
+    recall = True
+
+    def describe(self, budget: int) -> str:
+        return super().describe(budget) + _RECALL

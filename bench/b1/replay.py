@@ -10,26 +10,39 @@ transcript's assistant message after a scaled 4.0 s, and the session hears the c
 After the last message of ``psf__requests-1142`` (an 868 K-character tool output) one more
 request is made: the *stress step*, reported apart from the per-call totals.
 
+Each request is also scored for needed-context recall (:mod:`b1.needed`): the identifiers the
+transcript's assistant message k names and an earlier message named, and how many of them the
+request for call k holds.
+
 A system plugs in through two small protocols (:class:`System`, :class:`Session`) and is measured
 only through what it returns: the request, and at the end the originals it can still give back.
+A session whose client makes the model call itself (:class:`CallingSession`: sessionfold's
+``call(fn)``, which answers recall tool calls from the ledger and calls the model again) is
+handed the scripted model instead; every request the client sends through it is billed, and the
+model plays the recall oracle (:mod:`b1.oracle`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .cache import PRICES, common_prefix_tokens
 from .checks import broken_tool_pairs, has_task, retrievable
 from .counting import Counter, Request, Unit
 from .fakes import FakeSummarizer, ScriptedModel
+from .needed import CallRecall, named_identifiers, need_sets, request_recall, without_recall_echo
+from .oracle import ask, recovered
 from .transcripts import STRESS_TRANSCRIPT, Transcript
 
 __all__ = [
+    "CallingSession",
     "Env",
+    "ModelFn",
+    "Reply",
     "RequestRecord",
     "Session",
     "StressRecord",
@@ -70,6 +83,32 @@ class Session(Protocol):
         """Every original message the system can still give back, in the Anthropic shape."""
 
 
+@dataclass(frozen=True)
+class Reply:
+    """The scripted model's answer to one request: its content blocks, and the request's size
+    in tokens (what the provider's usage would report)."""
+
+    content: list[dict[str, Any]]
+    input_tokens: int
+
+    @property
+    def stop_reason(self) -> str:
+        return "tool_use" if any(b.get("type") == "tool_use" for b in self.content) else "end_turn"
+
+
+#: The scripted model as a client calls it: one request in, one reply out.
+ModelFn = Callable[[Request], Reply]
+
+
+@runtime_checkable
+class CallingSession(Protocol):
+    """A session whose client makes the model call(s) of one agent step itself."""
+
+    def call(self, model: ModelFn) -> None:
+        """Make the agent's next call through the client, which calls ``model`` once per
+        request it sends (again after answering a recall), and reports the usage itself."""
+
+
 class System(Protocol):
     name: str
 
@@ -88,15 +127,34 @@ class RequestRecord:
     messages: int
     #: Real seconds the agent spent in ``Session.request`` (compaction on its path).
     wait_s: float
+    #: Needed-context recall (:mod:`b1.needed`): identifiers the answer to this call needs,
+    #: and how many of them the request holds.
+    needed: int = 0
+    present: int = 0
+    #: The recall oracle (:mod:`b1.oracle`): missing identifiers its recall answers copied, the
+    #: extra model calls it made for them, and their billing (tokens, cache reads).
+    recovered: int = 0
+    recall_calls: int = 0
+    recall_tokens: int = 0
+    recall_cached: int = 0
+
+    @property
+    def present_with_tool(self) -> int:
+        return self.present + self.recovered
 
     def to_json(self) -> list[Any]:
         return [self.tokens, self.cached, self.broken_pairs, int(self.task), self.messages,
-                round(self.wait_s, 4)]
+                round(self.wait_s, 4), self.needed, self.present, self.recovered,
+                self.recall_calls, self.recall_tokens, self.recall_cached]
 
     @classmethod
     def from_json(cls, row: Sequence[Any]) -> RequestRecord:
+        # Rows written before the recall measure carry six fields: the rest read as 0.
+        extra = [int(x) for x in row[6:12]] + [0] * (12 - max(len(row), 6))
         return cls(tokens=int(row[0]), cached=int(row[1]), broken_pairs=int(row[2]),
-                   task=bool(row[3]), messages=int(row[4]), wait_s=float(row[5]))
+                   task=bool(row[3]), messages=int(row[4]), wait_s=float(row[5]),
+                   needed=extra[0], present=extra[1], recovered=extra[2],
+                   recall_calls=extra[3], recall_tokens=extra[4], recall_cached=extra[5])
 
 
 @dataclass(frozen=True)
@@ -149,10 +207,12 @@ class SystemRun:
     stress: StressRecord | None = None
     summarizer_calls: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
+    #: The system's client offered the recall tool and the oracle used it (:mod:`b1.oracle`).
+    recall_tool: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"system": self.system, "budget": self.budget, "time_scale": self.time_scale,
-                "config": self.config, "source": self.source,
+                "config": self.config, "source": self.source, "recall_tool": self.recall_tool,
                 "transcripts": [t.to_json() for t in self.transcripts],
                 "stress": self.stress.to_json() if self.stress else None,
                 "summarizer_calls": self.summarizer_calls}
@@ -163,6 +223,7 @@ class SystemRun:
         return cls(system=str(data["system"]), budget=int(data["budget"]),
                    time_scale=float(data["time_scale"]), config=str(data["config"]),
                    source=str(data.get("source", "")),
+                   recall_tool=bool(data.get("recall_tool", False)),
                    transcripts=[TranscriptRun.from_json(t) for t in data["transcripts"]],
                    stress=StressRecord(**stress) if stress else None,
                    summarizer_calls=list(data["summarizer_calls"]))
@@ -181,6 +242,24 @@ def _tool_result_chars(message: Message, tool_use_id: str) -> int | None:
     return None
 
 
+def _score(need: frozenset[str], request: Request) -> CallRecall:
+    """How much of ``need`` a request holds, recall exchanges read without their echoes."""
+    return request_recall(need, request.system, without_recall_echo(request.messages))
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """One request as billed: its tokens, and those read from the prompt cache."""
+
+    request: Request
+    tokens: int
+    cached: int
+
+
+#: What the scripted model says after the stress step's request (no transcript message follows).
+_STRESS_REPLY = [{"type": "text", "text": "(the replay ends here)"}]
+
+
 class _Agent:
     """Makes the calls of one transcript and measures each request."""
 
@@ -191,31 +270,66 @@ class _Agent:
         self.counter = counter
         self.model = model
         self.previous: list[Unit] = []
+        #: NEED_k of every call, in order, and the assistant message k that answers it.
+        self.need = need_sets(transcript.messages)
+        self.answers = [[dict(b) for b in _blocks(m)] for m in transcript.messages
+                        if m["role"] == "assistant"]
 
-    def call(self) -> tuple[Request, int, int, float]:
+    def bill(self, request: Request) -> _Sent:
+        """Count a request and what it shares with the agent's previous one (the cache)."""
+        units = self.counter.request_units(request)
+        sent = _Sent(request, sum(u.count for u in units),
+                     common_prefix_tokens(self.previous, units))
+        self.previous = units
+        return sent
+
+    def send(self) -> tuple[_Sent, float]:
+        """One call with the request the session hands over; (what was sent, seconds waited)."""
         started = time.perf_counter()
         request = self.session.request()
         waited = time.perf_counter() - started
-        units = self.counter.request_units(request)
-        tokens = sum(u.count for u in units)
-        cached = common_prefix_tokens(self.previous, units)
-        self.previous = units
+        sent = self.bill(request)
         self.model.call()
-        self.session.reported(request, tokens)
-        return request, tokens, cached, waited
+        self.session.reported(request, sent.tokens)
+        return sent, waited
 
-    def step(self) -> RequestRecord:
-        request, tokens, cached, waited = self.call()
+    def through_client(self, session: CallingSession, call: int | None) -> _ClientTurn:
+        """One step made by the session's client, the scripted model playing the oracle."""
+        turn = _ClientTurn(self, call, self.need[call] if call is not None else frozenset(),
+                           self.answers[call] if call is not None else _STRESS_REPLY)
+        session.call(turn)
+        turn.check()
+        return turn
+
+    def step(self, k: int) -> RequestRecord:
+        """Call k (the request before the transcript's k-th assistant message)."""
+        if isinstance(self.session, CallingSession):
+            turn = self.through_client(self.session, k)
+            sent, waited, extra = turn.sent[0], turn.waited, turn.sent[1:]
+            recall = turn.window
+        else:
+            (sent, waited), extra = self.send(), []
+            recall = _score(self.need[k], sent.request)
+        assert recall is not None
+        messages = sent.request.messages
         return RequestRecord(
-            tokens=tokens, cached=cached, broken_pairs=broken_tool_pairs(request.messages),
-            task=has_task(request.messages, self.transcript.task),
-            messages=len(request.messages), wait_s=waited)
+            tokens=sent.tokens, cached=sent.cached, broken_pairs=broken_tool_pairs(messages),
+            task=has_task(messages, self.transcript.task), messages=len(messages),
+            wait_s=waited, needed=recall.needed, present=recall.present,
+            recovered=turn.recovered if extra else 0, recall_calls=len(extra),
+            recall_tokens=sum(x.tokens for x in extra),
+            recall_cached=sum(x.cached for x in extra))
 
     def stress(self) -> StressRecord:
         last = self.transcript.messages[-1]
         final_ids = [str(b["tool_use_id"]) for b in last["content"]
                      if isinstance(b, Mapping) and b.get("type") == "tool_result"]
-        request, tokens, _cached, waited = self.call()
+        if isinstance(self.session, CallingSession):
+            turn = self.through_client(self.session, None)
+            request, tokens, waited = turn.sent[0].request, turn.sent[0].tokens, turn.waited
+        else:
+            sent, waited = self.send()
+            request, tokens = sent.request, sent.tokens
         newest = None
         if request.messages and final_ids:
             newest = _tool_result_chars(request.messages[-1], final_ids[-1])
@@ -224,6 +338,52 @@ class _Agent:
             task=has_task(request.messages, self.transcript.task),
             broken_pairs=broken_tool_pairs(request.messages), newest_step=newest is not None,
             newest_chars=newest or 0, wait_s=waited)
+
+
+class _ClientTurn:
+    """The scripted model for one step made by a client (a :data:`ModelFn`): it bills every
+    request, and on the first one asks for the missing identifiers of the call's NEED (one
+    recall turn, :mod:`b1.oracle`); on the next, counts what the answers gave back. Its answer
+    is then the transcript's message."""
+
+    def __init__(self, agent: _Agent, call: int | None, need: frozenset[str],
+                 answer: list[dict[str, Any]]) -> None:
+        self.agent = agent
+        self.call = call
+        self.need = need
+        self.answer = answer
+        self.started = time.perf_counter()
+        self.waited = 0.0
+        self.sent: list[_Sent] = []
+        self.window: CallRecall | None = None
+        self.recovered = 0
+
+    def __call__(self, request: Request) -> Reply:
+        if not self.sent:  # the client's own work before its first request: on the agent's path
+            self.waited = time.perf_counter() - self.started
+        sent = self.agent.bill(request)
+        self.sent.append(sent)
+        self.agent.model.call()
+        if len(self.sent) == 1:
+            self.window = _score(self.need, request)
+            if self.window.missing and self.call is not None:
+                return Reply(ask(self.call, self.window.missing), sent.tokens)
+        elif len(self.sent) == 2 and self.window is not None and self.call is not None:
+            self.recovered = recovered(self.window.missing, request.messages, self.call)
+        return Reply(self.answer, sent.tokens)
+
+    def check(self) -> None:
+        """The client sent a request, and answered the recall turn if one was asked."""
+        if not self.sent:
+            raise RuntimeError("the client made no model call")
+        asked = self.window is not None and bool(self.window.missing) and self.call is not None
+        if asked and len(self.sent) < 2:
+            raise RuntimeError(f"call {self.call}: the client did not answer the recall turn")
+
+
+def _blocks(message: Message) -> list[Mapping[str, Any]]:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
 def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
@@ -246,12 +406,16 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
     for transcript in transcripts:
         started = time.perf_counter()
         first_call = len(summarizer.calls)
+        # The digest lists what this conversation named; a transcript's folds have all landed
+        # (``Session.finish``) before the next one starts.
+        summarizer.vocabulary = named_identifiers(transcript.messages)
         session = system.session(transcript, budget, env)
+        run.recall_tool = run.recall_tool or isinstance(session, CallingSession)
         agent = _Agent(session, transcript, counter, ScriptedModel(time_scale))
         record = TranscriptRun(id=transcript.id)
         for message in transcript.messages:
             if message["role"] == "assistant":
-                record.requests.append(agent.step())
+                record.requests.append(agent.step(len(record.requests)))
             session.append(message)
         if stress and transcript.id == STRESS_TRANSCRIPT and \
                 transcript.messages[-1]["role"] == "user":

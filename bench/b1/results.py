@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from .cache import PRICES, Prices
-from .replay import SystemRun
+from .needed import recall_totals
+from .replay import RequestRecord, SystemRun
 
 __all__ = ["Totals", "charts", "markdown", "totals", "update_section"]
 
@@ -45,40 +47,117 @@ class Totals:
     agent_dollars: float
     summarizer_dollars: float
     wall_s: float
+    #: Needed-context recall (:func:`b1.needed.recall_totals`): identifiers needed and present,
+    #: over all calls and over the calls from each transcript's first compaction on.
+    needed: int = 0
+    present: int = 0
+    calls_after: int = 0
+    needed_after: int = 0
+    present_after: int = 0
+    under_half: int = 0
+    #: The same with what the recall oracle's answers gave back (equal to the above for a
+    #: system without the recall tool), and what its extra calls cost -- all of it already in
+    #: ``billed``, ``cached``, ``peak``, ``over_budget`` and ``agent_dollars``.
+    recall_tool: bool = False
+    present_tool: int = 0
+    present_tool_after: int = 0
+    under_half_tool: int = 0
+    recall_calls: int = 0
+    recall_tokens: int = 0
+    recall_dollars: float = 0.0
 
     @property
     def dollars(self) -> float:
         return self.agent_dollars + self.summarizer_dollars
 
+    @property
+    def recall(self) -> float | None:
+        return self.present / self.needed if self.needed else None
+
+    @property
+    def recall_after(self) -> float | None:
+        return self.present_after / self.needed_after if self.needed_after else None
+
+    @property
+    def recall_with_tool(self) -> float | None:
+        return self.present_tool / self.needed if self.needed else None
+
+    @property
+    def recall_with_tool_after(self) -> float | None:
+        return self.present_tool_after / self.needed_after if self.needed_after else None
+
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        data["dollars"] = self.dollars
+        data.update(dollars=self.dollars, recall=self.recall, recall_after=self.recall_after,
+                    recall_with_tool=self.recall_with_tool,
+                    recall_with_tool_after=self.recall_with_tool_after)
         return data
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """What :func:`~b1.needed.recall_totals` reads of a call: its need, what was present
+    (without the recall tool, or with what its answers gave back), the size of the call's last
+    request and what its first request read from the cache (so a compaction is a request that
+    does not extend the one before it, recall exchange included)."""
+
+    needed: int
+    present: int
+    tokens: int
+    cached: int
+
+    @classmethod
+    def of(cls, record: RequestRecord, *, with_tool: bool) -> _Counts:
+        return cls(record.needed, record.present_with_tool if with_tool else record.present,
+                   record.recall_tokens if record.recall_calls else record.tokens,
+                   record.cached)
+
+
+def _requests(record: RequestRecord) -> list[tuple[int, int]]:
+    """(tokens, cached) of every request a call made: its own, and the recall oracle's extra
+    one (the oracle makes at most one per call)."""
+    own = [(record.tokens, record.cached)]
+    return [*own, (record.recall_tokens, record.recall_cached)] if record.recall_calls else own
 
 
 def totals(run: SystemRun, prices: Prices = PRICES) -> Totals:
     requests = [r for t in run.transcripts for r in t.requests]
+    sent = [pair for r in requests for pair in _requests(r)]
     breaks = 0
     for transcript in run.transcripts:
-        for before, now in zip(transcript.requests, transcript.requests[1:], strict=False):
-            breaks += now.cached < before.tokens
+        counted = [_Counts.of(r, with_tool=False) for r in transcript.requests]
+        breaks += sum(now.cached < before.tokens
+                      for before, now in pairwise(counted))
+    recall = recall_totals([_Counts.of(r, with_tool=False) for r in t.requests]
+                           for t in run.transcripts)
+    tool = recall_totals([_Counts.of(r, with_tool=True) for r in t.requests]
+                         for t in run.transcripts)
+    extra = [r for r in requests if r.recall_calls]
     calls = run.summarizer_calls
     s_in = sum(int(c["input_tokens"]) for c in calls)
     s_out = sum(int(c["output_tokens"]) for c in calls)
     return Totals(
         system=run.system, budget=run.budget, calls=len(requests),
-        billed=sum(r.tokens for r in requests), peak=max((r.tokens for r in requests), default=0),
-        over_budget=sum(r.tokens > run.budget for r in requests),
+        billed=sum(n for n, _ in sent), peak=max((n for n, _ in sent), default=0),
+        over_budget=sum(n > run.budget for n, _ in sent),
         summarizer_calls=len(calls), summarizer_input=s_in, summarizer_output=s_out,
         on_path_s=sum(float(c["seconds"]) for c in calls if c["on_agent_thread"]),
         off_path_s=sum(float(c["seconds"]) for c in calls if not c["on_agent_thread"]),
         broken_pair_requests=sum(r.broken_pairs > 0 for r in requests),
         task_missing=sum(not r.task for r in requests),
         retrievable=all(t.retrievable for t in run.transcripts),
-        cached=sum(r.cached for r in requests), prefix_breaks=breaks,
-        agent_dollars=sum(prices.request_dollars(r.tokens, r.cached) for r in requests),
+        cached=sum(c for _, c in sent), prefix_breaks=breaks,
+        agent_dollars=sum(prices.request_dollars(n, c) for n, c in sent),
         summarizer_dollars=prices.summarizer_dollars(s_in, s_out),
         wall_s=sum(t.wall_s for t in run.transcripts),
+        needed=recall.needed, present=recall.present, calls_after=recall.calls_after,
+        needed_after=recall.needed_after, present_after=recall.present_after,
+        under_half=recall.under_half, recall_tool=run.recall_tool,
+        present_tool=tool.present, present_tool_after=tool.present_after,
+        under_half_tool=tool.under_half, recall_calls=sum(r.recall_calls for r in extra),
+        recall_tokens=sum(r.recall_tokens for r in extra),
+        recall_dollars=sum(prices.request_dollars(r.recall_tokens, r.recall_cached)
+                           for r in extra),
     )
 
 
@@ -92,6 +171,44 @@ def _ratio(value: int, base: int | None) -> str:
 
 def _ratio_f(value: float, base: float | None) -> str:
     return f"{value / base:.2f}×" if base else "–"
+
+
+def _share(value: float | None) -> str:
+    """A recall figure: three decimals (the goal is 0.99), or – when nothing was needed."""
+    return "–" if value is None else f"{value:.3f}"
+
+
+RECALL_HEADER = (
+    "| system | needed-context recall | after 1st compaction | calls under 0.5 | with the "
+    "recall tool (oracle: upper bound) | after 1st compaction | calls under 0.5 | recall "
+    "calls | recall tokens billed | recall $ | $ vs the same system without the tool |")
+
+
+def _without_tool(t: Totals, at: Sequence[Totals]) -> Totals | None:
+    """The row of the same system without the recall tool (``X-recall`` -> ``X``)."""
+    name = t.system.removesuffix("-recall")
+    return next((o for o in at if o.system == name and not o.recall_tool), None)
+
+
+def _recall_table(budget: int, at: Sequence[Totals]) -> list[str]:
+    """Needed-context recall of every system at one budget, with and without the tool."""
+    lines = [f"Needed-context recall at {budget:,} tokens (share of the identifiers each call's "
+             "answer names, and an earlier message named, that its request holds; micro-"
+             "averages):", "", RECALL_HEADER, "|---|" + "---:|" * 9 + "---:|"]
+    for t in at:
+        cells = [_share(t.recall), _share(t.recall_after), str(t.under_half)]
+        if t.recall_tool:
+            base = _without_tool(t, at)
+            delta = f"{t.dollars / base.dollars - 1:+.1%}" if base and base.dollars else "–"
+            cells += [_share(t.recall_with_tool), _share(t.recall_with_tool_after),
+                      str(t.under_half_tool), _n(t.recall_calls), _n(t.recall_tokens),
+                      f"{t.recall_dollars:.3f} ({t.recall_dollars / t.dollars:.1%})"
+                      if t.dollars else "–", delta]
+        else:
+            cells += ["–"] * 7
+        lines.append(f"| {t.system} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 def markdown(runs: Sequence[SystemRun], *, prices: Prices = PRICES) -> str:
@@ -123,6 +240,7 @@ def markdown(runs: Sequence[SystemRun], *, prices: Prices = PRICES) -> str:
                 f"{t.summarizer_dollars:.3f} | {t.dollars:.2f} | "
                 f"{_ratio_f(t.dollars, base_dollars)} |")
         lines.append("")
+        lines += _recall_table(budget, at)
     stress = [r for r in runs if r.stress is not None]
     if stress:
         lines += [

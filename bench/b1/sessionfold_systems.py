@@ -34,15 +34,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx2
-from sessionfold.core.anthropic_summarizer import AnthropicSummarizer
 from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.layers import clip_oversized
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldEdit, Trigger, WindowItem
+from sessionfold.workers.providers.anthropic import AnthropicSummarizer
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
+from .needed import mentioned
 from .replay import Env
 from .transcripts import Transcript
 
@@ -54,23 +55,39 @@ __all__ = [
     "fake_summarizer",
     "make_policy",
     "messages_api_reply",
+    "summarizer_material",
 ]
 
 #: The scripted model's context window: a request over it would be rejected (overflow).
 CONTEXT_WINDOW = 200_000
 SUMMARIZER_MODEL = "b1-fake-summarizer"
 _MUST_KEEP = re.compile(r"<<<must-keep-(\w+)>>>\n(.*?)\n<<<end-must-keep-\1>>>", re.S)
+_MATERIAL = re.compile(r"<<<(previous-summary|transcript)-(\w+)>>>\n(.*?)\n<<<end-\1-\2>>>", re.S)
+
+
+def summarizer_material(content: str) -> str:
+    """The conversation in the user message of sessionfold's ``AnthropicSummarizer``: the
+    previous summary and the transcript, between their nonce markers (the instruction and the
+    must-keep list around them are not material)."""
+    found = list(_MATERIAL.finditer(content))
+    if not any(match.group(1) == "transcript" for match in found):
+        raise ValueError("no <<<transcript-…>>> block in the summarizer prompt: has "
+                         "AnthropicSummarizer's layout changed?")
+    return "\n\n".join(match.group(3) for match in found)
 
 
 def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[str, Any]:
-    """The Messages API answer of the fake summarizer to a ``messages.create`` body."""
-    prompt = "\n\n".join([str(body.get("system", "")),
-                          *(str(m["content"]) for m in body["messages"])])
-    keep = [line[2:] for match in _MUST_KEEP.finditer(prompt)
+    """The Messages API answer of the fake summarizer to a ``messages.create`` body: the digest
+    of the material, then -- as a model following the instruction would -- the identifiers the
+    request asks it to keep (``must_keep``) that the digest does not already name."""
+    content = "\n\n".join(str(m["content"]) for m in body["messages"])
+    prompt = "\n\n".join([str(body.get("system", "")), content])
+    keep = [line[2:] for match in _MUST_KEEP.finditer(content)
             for line in match.group(2).splitlines() if line.startswith("- ")]
-    text = fake.summarize(prompt)
-    if keep:
-        text += "\nIdentifiers kept: " + ", ".join(keep)
+    text = fake.summarize(prompt, summarizer_material(content))
+    added = [k for k in keep if not mentioned(text, k)]
+    if added:
+        text += "\nIdentifiers kept: " + ", ".join(added)
     return {"id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
             "stop_sequence": None,

@@ -1,4 +1,4 @@
-"""Loading the shared transcripts (``<repo>/../shared/data/transcripts``), read in place.
+"""Loading the shared transcripts (``<repo>/tests/data/transcripts``, shipped with the repository).
 
 A transcript is ``{"id", "source", "model", "system", "messages"}`` in the Anthropic shape; the
 replay makes one model call per assistant message (:mod:`b1.replay`).
@@ -20,7 +20,7 @@ __all__ = [
     "task_text",
 ]
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "transcripts"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 #: The transcript whose final tool output (868 K characters) is followed by the stress request.
 STRESS_TRANSCRIPT = "psf__requests-1142"
 

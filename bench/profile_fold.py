@@ -1,0 +1,260 @@
+"""Where a fold's CPU goes: worker CPU time per fold, and a pyinstrument profile of the folds.
+
+Issue 14 asks for the fold's cost to be measured before anything is changed: CPU time of the
+worker, not wall time (the machine is shared; a fold waiting on the disk or a lock costs no
+CPU). This runs the fold procedure the Celery task runs (``workers.fold_procedure.run_fold``) in
+this process, on sessions over their trigger made from a shipped transcript, with the offline
+(instant) summarizer, and reports:
+
+- CPU seconds per fold (``time.process_time`` around each ``run_fold``; setting the sessions up
+  is not counted), median and p90, and the folds per CPU-second that makes;
+- a pyinstrument profile of the same folds, summed by module and by function (self time), so
+  the table says which part of the fold (planning, token counting, identifier extraction, the
+  store's read and commit, JSON) costs what.
+
+Two window sizes by default: the first 40 messages of django__django-15554 (the pipeline
+bench's sessions) and all 291 messages of django__django-16560 (about 300 items)::
+
+    .venv/bin/python bench/profile_fold.py                       # both sizes, SQLite
+    .venv/bin/python bench/profile_fold.py --folds 50 --json bench/out/profile-fold.json
+    .venv/bin/python bench/profile_fold.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+Nothing here is asserted: ``tests/test_bench_quick.py`` runs ``--quick`` for the invariants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
+#: (label, transcript, messages): the pipeline bench's window, and a ~300-item one.
+SIZES = (("40 messages", "django__django-15554.json", 40),
+         ("291 messages", "django__django-16560.json", 291))
+#: The budget puts each session at this multiple of its trigger's budget: every visit folds.
+OVER = 2.0
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    label: str
+    items: int
+    tokens_before: int
+    folds: int
+    folded: int
+    cpu_median_ms: float
+    cpu_p90_ms: float
+    wall_median_ms: float
+    by_module: list[tuple[str, float]]
+    by_function: list[tuple[str, float]]
+
+    @property
+    def folds_per_cpu_s(self) -> float:
+        return 1000.0 / self.cpu_median_ms if self.cpu_median_ms else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "items": self.items, "tokens_before": self.tokens_before,
+                "folds": self.folds, "folded": self.folded,
+                "cpu_median_ms": self.cpu_median_ms, "cpu_p90_ms": self.cpu_p90_ms,
+                "wall_median_ms": self.wall_median_ms, "folds_per_cpu_s": self.folds_per_cpu_s,
+                "by_module": self.by_module, "by_function": self.by_function}
+
+
+def _sessions(store: Any, messages: list[Any], system: str, n: int) -> tuple[list[str], Any]:
+    from sessionfold.core.policy import FoldPolicy
+
+    probe = f"probe-{uuid.uuid4().hex[:6]}"
+    store.create_session(probe, FoldPolicy(budget_tokens=1_000_000), system)
+    store.append(probe, messages)
+    estimate = store.get_session(probe).current_tokens
+    store.delete_session(probe)
+    # economics="window": the fold always happens (this measures what a fold costs, not
+    # whether one pays).
+    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / OVER)), economics="window")
+    ids = []
+    for i in range(n):
+        sid = f"pf-{i:05d}"
+        store.create_session(sid, policy, system)
+        store.append(sid, messages)
+        ids.append(sid)
+    return ids, estimate
+
+
+def _profile_tables(session: Any, repo: Path) -> tuple[list[tuple[str, float]],
+                                                        list[tuple[str, float]]]:
+    """Self time of the profiled frames, summed by module and by function (seconds)."""
+    by_module: dict[str, float] = defaultdict(float)
+    by_function: dict[str, float] = defaultdict(float)
+    root = session.root_frame()
+    stack = [root] if root is not None else []
+    while stack:
+        frame = stack.pop()
+        stack.extend(frame.children)
+        if _synthetic(frame):
+            continue  # pyinstrument's [self] / [await] frames: counted in their parent below
+        exclusive = frame.time - sum(c.time for c in frame.children if not _synthetic(c))
+        if exclusive <= 0:
+            continue
+        module = _module_name(frame.file_path or "?", repo)
+        by_module[module] += exclusive
+        by_function[f"{module}:{frame.function}"] += exclusive
+    top = sorted(by_module.items(), key=lambda kv: -kv[1])[:15]
+    topf = sorted(by_function.items(), key=lambda kv: -kv[1])[:15]
+    return [(k, round(v, 4)) for k, v in top], [(k, round(v, 4)) for k, v in topf]
+
+
+def _synthetic(frame: Any) -> bool:
+    return str(frame.function).startswith("[")
+
+
+def _module_name(path: str, repo: Path) -> str:
+    """``sessionfold.core.retention`` for the project's files, the distribution's top-level name
+    for an installed package's, ``<built-in>`` for C code."""
+    if path.startswith("<"):
+        return path
+    parts = Path(path).parts
+    if "site-packages" in parts:
+        rest = parts[parts.index("site-packages") + 1:]
+        return rest[0].removesuffix(".py") if rest else path
+    try:
+        rel = Path(path).resolve().relative_to(repo)
+    except ValueError:
+        return Path(path).stem
+    return "sessionfold." + ".".join(rel.with_suffix("").parts)
+
+
+def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
+            profile: bool) -> SizeResult:
+    from sessionfold.core.messages import load_conversation_file
+    from sessionfold.core.summarizers import ExtractiveSummarizer
+    from sessionfold.store import SessionStore
+    from sessionfold.workers.fold_procedure import FoldJob, run_fold
+
+    conv = load_conversation_file(TRANSCRIPTS / transcript)
+    messages = conv.messages[:n_messages]
+    store = SessionStore.from_url(url)
+    store.migrate()
+    summarizer = ExtractiveSummarizer()
+    try:
+        # Timed folds run unprofiled; the profile is taken over as many other sessions.
+        n_profiled = folds if profile else 0
+        ids, estimate = _sessions(store, messages, conv.system, 1 + folds + n_profiled)
+        # One untimed fold first: imports, caches and the SQLite page cache warm up.
+        run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"))
+        timed, profiled = ids[1:1 + folds], ids[1 + folds:]
+        cpu: list[float] = []
+        wall: list[float] = []
+        folded = 0
+        for i, sid in enumerate(timed):
+            c0, w0 = time.process_time(), time.perf_counter()
+            report = run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"job-{i}"))
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - w0)
+            folded += report.outcome == "folded"
+        by_module: list[tuple[str, float]] = []
+        by_function: list[tuple[str, float]] = []
+        if profiled:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.0005)
+            profiler.start()
+            for i, sid in enumerate(profiled):
+                run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"prof-{i}"))
+            profiler.stop()
+            by_module, by_function = _profile_tables(profiler.last_session, REPO)
+        cpu_ms = sorted(c * 1000 for c in cpu)
+        return SizeResult(
+            label=label, items=len(messages), tokens_before=estimate, folds=len(cpu),
+            folded=folded, cpu_median_ms=round(statistics.median(cpu_ms), 2),
+            cpu_p90_ms=round(cpu_ms[int(0.9 * (len(cpu_ms) - 1))], 2),
+            wall_median_ms=round(statistics.median(wall) * 1000, 2),
+            by_module=by_module, by_function=by_function)
+    finally:
+        store.close()
+
+
+def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    out = [f"Command: `.venv/bin/python bench/profile_fold.py --folds {args.folds}"
+           f"{' --postgres …' if args.postgres else ''}`. Run "
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine "
+           f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+           f"store {backend}; load average {load:.1f} at the end (CPU time, not wall time, "
+           "is what the table reports).", "",
+           "| window | tokens before | folds | folded | CPU ms/fold (median) | p90 | wall ms "
+           "(median) | folds per CPU-second |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        out.append(f"| {r.label} | {r.tokens_before:,} | {r.folds} | {r.folded} | "
+                   f"**{r.cpu_median_ms:.1f}** | {r.cpu_p90_ms:.1f} | {r.wall_median_ms:.1f} | "
+                   f"{r.folds_per_cpu_s:.1f} |")
+    for r in results:
+        if not r.by_module:
+            continue
+        total = sum(s for _, s in r.by_module) or 1.0
+        out += ["", f"Where the CPU of the {r.label} folds went (pyinstrument, self time, top "
+                    "modules):", "", "| module | seconds | share |", "|---|---:|---:|"]
+        out += [f"| `{m}` | {s:.3f} | {s / total:.0%} |" for m, s in r.by_module[:10]]
+        out += ["", "Top functions:", "", "| function | seconds |", "|---|---:|"]
+        out += [f"| `{f}` | {s:.3f} |" for f, s in r.by_function[:10]]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folds", type=int, default=40, help="timed folds per size")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="a PostgreSQL server to run on (a scratch database of the run's "
+                             "own is made there and dropped)")
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="5 folds of the 40-message size")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.folds < 1:
+        parser.error("--folds must be at least 1")
+    sizes = SIZES[:1] if args.quick else SIZES
+    if args.quick:
+        args.folds = 5
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sf-profile-fold-") as tmp:
+        for label, transcript, n in sizes:
+            scratch = None
+            if args.postgres:  # a database of the run's own, dropped at the end
+                from bench_pipeline import _Database
+
+                scratch = _Database(args.postgres)
+            url = scratch.url if scratch else f"sqlite:///{Path(tmp) / f'{n}.db'}"
+            try:
+                results.append(measure(url, label, transcript, n, args.folds,
+                                       profile=not args.no_profile))
+            finally:
+                if scratch is not None:
+                    scratch.drop()
+    text = markdown(results, args, "PostgreSQL" if args.postgres else "SQLite")
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n",
+                             encoding="utf-8")
+    return 0 if all(r.folded == r.folds for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO / "bench"))
+    raise SystemExit(main())
