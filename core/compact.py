@@ -42,7 +42,6 @@ that take their place), which the store commits under compare-and-set.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -186,8 +185,8 @@ class _Sizes:
 
 
 def _message_chars(message: Message) -> int:
-    """Characters of the message as JSON: what goes over the wire."""
-    return len(json.dumps(message.to_json(), ensure_ascii=False, separators=(",", ":")))
+    """Characters of the message as compact JSON: what goes over the wire."""
+    return len(message.model_dump_json(exclude_unset=True))
 
 
 @dataclass

@@ -29,6 +29,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .frame import EarlierFold
@@ -42,7 +43,6 @@ __all__ = [
     "mentions",
 ]
 
-# File extensions a bare file name must carry to count (a slash-separated path may carry any).
 # File extensions a bare file name must carry to count (a slash-separated path may carry any).
 # Extensions that double as common attribute names (``math.log``, ``mock.patch``, ``django.conf``,
 # ``self.h``, ``np.diff``) are left out: without a slash they are more often code than files.
@@ -115,35 +115,71 @@ def _clean_path(raw: str) -> str | None:
     return path
 
 
+_DIGIT = re.compile(r"[0-9]")
+# What every identifier holds: a digit (tickets, records, issues, shas), a slash (paths, URLs),
+# or a dot before a letter (a bare file name's extension).
+_CANDIDATE = re.compile(r"[0-9/]|\.[A-Za-z]")
+_HEX_LETTERS = re.compile(r"[a-f]")
+#: Texts up to this size have their identifiers remembered, the last 2,048 of them (a fold reads
+#: its span twice: the summarizer's wanted list and the retention check): 16 M characters at most.
+#: Larger texts are rare in authored text and scanned each time.
+_MEMO_MAX_CHARS = 8_192
+
+
 def find_identifiers(text: str) -> list[str]:
     """Every identifier occurrence in ``text``, in order (repeats included)."""
+    if len(text) <= _MEMO_MAX_CHARS:
+        return list(_remembered(text))
+    return _scan(text)
+
+
+@lru_cache(maxsize=2048)
+def _remembered(text: str) -> tuple[str, ...]:
+    return tuple(_scan(text))
+
+
+def _scan(text: str) -> list[str]:
+    # No pattern matches across whitespace, and each treats whitespace beside a match as it
+    # treats the ends of the text. So only the whitespace-free runs holding a character some
+    # identifier needs (``_CANDIDATE``) are scanned, joined by single spaces, in order: the same
+    # identifiers in the same order, from about a quarter of the text on the shipped
+    # transcripts. Within them, a pattern is skipped when a character it needs ("://", a digit,
+    # "-", "#", "/" or ".") is absent.
+    text = " ".join(run for run in text.split() if _CANDIDATE.search(run))
     found: list[tuple[int, str]] = []
-    urls = [(m.start(), m.end(), m.group().rstrip(_TRAILING)) for m in _URL.finditer(text)]
-    found.extend((start, url) for start, _, url in urls)
-    # Blank URLs out so their paths, anchors and hashes are not counted a second time.
-    # One pass (slicing the whole text once per URL made a text of many links quadratic).
-    pieces: list[str] = []
-    last = 0
-    for start, end, _ in urls:
-        pieces += (text[last:start], " " * (end - start))
-        last = end
-    pieces.append(text[last:])
-    masked = "".join(pieces)
-    for pattern in (_TICKET, _RECORD, _ISSUE):
-        for m in pattern.finditer(masked):
+    masked = text
+    if "://" in text:
+        urls = [(m.start(), m.end(), m.group().rstrip(_TRAILING)) for m in _URL.finditer(text)]
+        found.extend((start, url) for start, _, url in urls)
+        # Blank URLs out so their paths, anchors and hashes are not counted a second time.
+        # One pass (slicing the whole text once per URL made a text of many links quadratic).
+        pieces: list[str] = []
+        last = 0
+        for start, end, _ in urls:
+            pieces += (text[last:start], " " * (end - start))
+            last = end
+        pieces.append(text[last:])
+        masked = "".join(pieces)
+    if _DIGIT.search(masked) is not None:
+        if "-" in masked:
+            for m in _TICKET.finditer(masked):
+                token = m.group()
+                if token.rsplit("-", 1)[0] not in _STOP_TICKETS:
+                    found.append((m.start(), token))
+        found.extend((m.start(), m.group()) for m in _RECORD.finditer(masked))
+        if "#" in masked:
+            found.extend((m.start(), m.group()) for m in _ISSUE.finditer(masked))
+        for m in _SHA.finditer(masked):
             token = m.group()
-            if pattern is _TICKET and token.rsplit("-", 1)[0] in _STOP_TICKETS:
-                continue
-            found.append((m.start(), token))
-    for m in _SHA.finditer(masked):
-        token = m.group()
-        # Two letters at least: dates and numbers with one stray letter (d20191103) are not shas.
-        if re.search(r"[0-9]", token) and len(re.findall(r"[a-f]", token)) >= 2:
-            found.append((m.start(), token))
-    for m in _PATH.finditer(masked):
-        path = _clean_path(m.group())
-        if path is not None:
-            found.append((m.start(), path))
+            # Two letters at least: dates and numbers with one stray letter (d20191103) are
+            # not shas.
+            if _DIGIT.search(token) and len(_HEX_LETTERS.findall(token)) >= 2:
+                found.append((m.start(), token))
+    if "/" in masked or "." in masked:
+        for m in _PATH.finditer(masked):
+            path = _clean_path(m.group())
+            if path is not None:
+                found.append((m.start(), path))
     found.sort(key=lambda pair: pair[0])
     return [token for _, token in found]
 

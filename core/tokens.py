@@ -100,7 +100,10 @@ def _block_tokens(block: Block) -> int:
 
 
 def _digest(message: Message) -> bytes:
-    raw = json.dumps(message.to_json(), sort_keys=True, ensure_ascii=False).encode()
+    # pydantic-core's own JSON (what ``to_json`` holds, in field order): about twice as fast as
+    # dumping ``to_json()``. The same content given with its keys in another order digests
+    # differently; that only costs a recount.
+    raw = message.model_dump_json(exclude_unset=True).encode()
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 

@@ -233,3 +233,69 @@ def test_the_most_edited_file_ranks_first() -> None:
         "django/db/models/sql/query.py")
     assert extract_identifiers(transcript("pytest-dev__pytest-7490").messages)[0] == (
         "src/_pytest/skipping.py")
+
+
+# --- the scan reads only the runs that can hold an identifier -------------------------------------
+# find_identifiers skips whitespace-free runs without a digit, "/", "#" or a dot before a letter,
+# and patterns whose needed characters are absent. This reference runs every pattern over the whole
+# text, as the module once did; the two must agree on everything.
+
+def _reference(text: str) -> list[str]:
+    from sessionfold.core import retention as r
+
+    found: list[tuple[int, str]] = []
+    urls = [(m.start(), m.end(), m.group().rstrip(r._TRAILING)) for m in r._URL.finditer(text)]
+    found.extend((start, url) for start, _, url in urls)
+    masked = list(text)
+    for start, end, _ in urls:
+        masked[start:end] = " " * (end - start)
+    blanked = "".join(masked)
+    for pattern in (r._TICKET, r._RECORD, r._ISSUE):
+        for m in pattern.finditer(blanked):
+            if pattern is r._TICKET and m.group().rsplit("-", 1)[0] in r._STOP_TICKETS:
+                continue
+            found.append((m.start(), m.group()))
+    for m in r._SHA.finditer(blanked):
+        if re.search(r"[0-9]", m.group()) and len(re.findall(r"[a-f]", m.group())) >= 2:
+            found.append((m.start(), m.group()))
+    for m in r._PATH.finditer(blanked):
+        path = r._clean_path(m.group())
+        if path is not None:
+            found.append((m.start(), path))
+    found.sort(key=lambda pair: pair[0])
+    return [token for _, token in found]
+
+
+_SCAN_ALPHABET = ("aAbfxyzIN0123456789-/._#:~@+()[]é\u0660 \n\t\u2003\xa0\x1c"
+                  "https://", "ACCT-", "INC00", "deadbeef1", "a/b.py", "./", "#12", ".md")
+
+
+@given(st.lists(st.sampled_from(_SCAN_ALPHABET), max_size=40).map("".join))
+def test_scanning_candidate_runs_finds_what_the_whole_text_scan_finds(text: str) -> None:
+    assert find_identifiers(text) == _reference(text)
+
+
+def test_candidate_scan_matches_the_whole_text_scan_on_every_transcript_string() -> None:
+    import json
+
+    def strings(value: object) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, dict):
+            return [s for v in value.values() for s in strings(v)]
+        if isinstance(value, list):
+            return [s for v in value for s in strings(v)]
+        return []
+
+    texts = [s for path in sorted(TRANSCRIPTS.glob("*.json"))
+             for s in strings(json.loads(path.read_text()))]
+    assert len(texts) > 1000
+    differing = [t[:80] for t in texts if find_identifiers(t) != _reference(t)]
+    assert differing == []
+
+
+def test_remembered_results_are_copies() -> None:
+    text = "see ACCT-8842 in docs/runbook.md"
+    first = find_identifiers(text)
+    first.append("mutated")
+    assert find_identifiers(text) == ["ACCT-8842", "docs/runbook.md"]
