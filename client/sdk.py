@@ -29,6 +29,10 @@ and:
 2. **sends the compacted window**, not the caller's history: the session's window with the new
    messages at its end, and the caller's tools with ``sessionfold_recall`` beside them when the
    session's policy has recall on.
+   Requests carry prompt-cache breakpoints (``cache_control``) after the window's stable head
+   and after its last message (:func:`~sessionfold.client.window_view.place_cache_breakpoints`):
+   the calls between two folds read the cached prefix at a tenth of the input price, and the
+   first call after a fold writes the new one. ``cache_breakpoints=False`` sends none.
 3. **records the reply** in the ledger (keyed by the reply's id, so a retry does not add it
    twice), and **reports the provider's usage** for the window the request was built from.
 4. **folds inline and retries once** when the provider answers "prompt is too long", and
@@ -588,7 +592,7 @@ class SessionAnthropic:
 
     def __init__(self, client: anthropic.Anthropic, handle: SessionHandle, *,
                  over_budget: OverBudget | None = None,
-                 cache_breakpoints: bool = False) -> None:
+                 cache_breakpoints: bool = True) -> None:
         self.client = client
         self.handle = handle
         self.over_budget = over_budget
@@ -745,7 +749,7 @@ class AsyncSessionAnthropic:
 
     def __init__(self, client: anthropic.AsyncAnthropic, handle: AsyncSessionHandle, *,
                  over_budget: OverBudget | None = None,
-                 cache_breakpoints: bool = False) -> None:
+                 cache_breakpoints: bool = True) -> None:
         self.client = client
         self.handle = handle
         self.over_budget = over_budget

@@ -17,9 +17,10 @@ What makes it useful rather than a stub:
   tool definitions, never the ``cl100k`` estimate, so the per-session calibration has real work.
 - **A context window**: a request over ``context_window`` tokens is rejected with Anthropic's own
   400 body, ``prompt is too long: N tokens > M maximum``.
-- **Prompt caching**: a request whose content carries ``cache_control`` reports the prefix up to
-  the last marker as ``cache_read_input_tokens`` when that prefix was seen before (else as
-  ``cache_creation_input_tokens``), so ``input_tokens`` alone undercounts, as it does for real.
+- **Prompt caching**: a request whose content carries ``cache_control`` breakpoints reports the
+  longest prefix cached before (found at a breakpoint or up to 20 blocks before one) as
+  ``cache_read_input_tokens`` and the rest up to its last breakpoint as
+  ``cache_creation_input_tokens``, so ``input_tokens`` alone undercounts, as it does for real.
 - **A script of faults** consumed one per request: ``provider.script(Fault.overloaded(),
   Fault.overloaded(), Fault.overloaded())`` makes the next three requests answer 529, then
   normal service resumes; ``Fault.rate_limited(retry_after=2)``, ``Fault.bad_request()``
@@ -123,6 +124,8 @@ Reply = str | ToolUse | Sequence[str | ToolUse]
 ReplyFn = Callable[[Mapping[str, Any]], Reply]
 
 DEFAULT_MODEL = "fake-model-1"
+#: How many blocks before a breakpoint the Messages API looks for an earlier cached prefix.
+CACHE_LOOKBACK_BLOCKS = 20
 #: OpenAI caches a prompt's prefix from this many tokens on, in steps of OPENAI_CACHE_STEP.
 OPENAI_CACHE_MIN_TOKENS = 1024
 OPENAI_CACHE_STEP = 128
@@ -484,19 +487,39 @@ class FakeProvider:
             return f"call_fake_{self._tool_ids:06d}_{uuid.uuid4().hex[:8]}"
 
     def _cache_split(self, request: Mapping[str, Any], prompt: int) -> tuple[int, int]:
-        """(cache write, cache read) tokens for the prefix up to the last cache_control marker.
+        """(cache write, cache read) tokens, as the Messages API bills a request with
+        ``cache_control`` breakpoints.
 
+        Each breakpoint looks for the longest prefix cached before, at its own block or at
+        one of the :data:`CACHE_LOOKBACK_BLOCKS` blocks before it; what the longest hit covers
+        is read, the rest up to the last breakpoint written, and every breakpoint's prefix is
+        cached from then on. Markers are not part of the content: a prefix cached with its
+        marker on its last block is hit by a request whose marker has moved further on.
         Called under the lock: the set of seen prefixes is shared by every thread.
         """
-        prefix = _cached_prefix(request)
-        if prefix is None:
+        units = _cache_units(request)
+        marks = [k for k, unit in enumerate(units) if unit.marked]
+        if not marks:
             return 0, 0
-        tokens = min(prompt, self.count_tokens(prefix))
-        digest = hashlib.sha256(json.dumps(prefix, sort_keys=True).encode()).hexdigest()
-        if digest in self._cached_prefixes:
-            return 0, tokens
-        self._cached_prefixes.add(digest)
-        return tokens, 0
+        head = {"system": request.get("system") if isinstance(request.get("system"), str)
+                else None, "tools": _unmarked(request.get("tools"))}
+        digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
+        keys: list[str] = []
+        for unit in units:
+            digest.update(unit.key.encode())
+            keys.append("anthropic:" + digest.copy().hexdigest())
+        hit = -1
+        for mark in marks:
+            for k in range(mark, max(-1, mark - CACHE_LOOKBACK_BLOCKS), -1):
+                if keys[k] in self._cached_prefixes:
+                    hit = max(hit, k)
+                    break
+        self._cached_prefixes.update(keys[m] for m in marks)
+        last = marks[-1]
+        read = self.count_tokens(_prefix_request(request, units[hit])) if hit >= 0 else 0
+        through = self.count_tokens(_prefix_request(request, units[last])) if last > hit else 0
+        read = min(prompt, read)
+        return max(0, min(prompt - read, through - read)), read
 
     def _openai_cached(self, request: Mapping[str, Any]) -> int:
         """OpenAI's automatic prompt cache: tokens of the longest prefix of messages (after the
@@ -799,25 +822,56 @@ def _message_chars(message: Any) -> int:
     return len(_content_text(message.get("content", "")))
 
 
-def _has_marker(value: Any) -> bool:
+@dataclass(frozen=True)
+class _CacheUnit:
+    """One block of a request, in the order the prompt cache reads it: the system prompt's
+    blocks (when it is a list), then each message's (string content is one text block)."""
+
+    message: int  # -1 for a system block
+    block: int
+    key: str  # the block as content: without its marker, with its message's position and role
+    marked: bool
+
+
+def _unmarked(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return "cache_control" in value
-    return False
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
 
 
-def _cached_prefix(request: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The request cut after its last ``cache_control`` marker, or None without a marker."""
-    messages = list(request.get("messages") or [])
-    for i in range(len(messages) - 1, -1, -1):
-        content = messages[i].get("content") if isinstance(messages[i], Mapping) else None
-        if not isinstance(content, list):
-            continue
-        for j in range(len(content) - 1, -1, -1):
-            if _has_marker(content[j]):
-                head = [*messages[:i], {**messages[i], "content": content[:j + 1]}]
-                return {"system": request.get("system"), "tools": request.get("tools"),
-                        "messages": head}
+def _cache_units(request: Mapping[str, Any]) -> list[_CacheUnit]:
+    units: list[_CacheUnit] = []
     system = request.get("system")
-    if isinstance(system, list) and any(_has_marker(b) for b in system):
-        return {"system": system, "tools": request.get("tools"), "messages": []}
-    return None
+    if isinstance(system, list):
+        for j, block in enumerate(system):
+            marked = isinstance(block, Mapping) and "cache_control" in block
+            units.append(_CacheUnit(-1, j, json.dumps(["system", _unmarked(block)],
+                                                      sort_keys=True), marked))
+    for i, message in enumerate(request.get("messages") or []):
+        if not isinstance(message, Mapping):
+            continue
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (
+            content if isinstance(content, list) else [])
+        for j, block in enumerate(blocks):
+            marked = isinstance(block, Mapping) and "cache_control" in block
+            key = json.dumps([i, message.get("role"), _unmarked(block)], sort_keys=True)
+            units.append(_CacheUnit(i, j, key, marked))
+    return units
+
+
+def _prefix_request(request: Mapping[str, Any], unit: _CacheUnit) -> dict[str, Any]:
+    """The request cut after ``unit`` (for counting the tokens of a cached prefix)."""
+    system = request.get("system")
+    messages = list(request.get("messages") or [])
+    if unit.message < 0:
+        return {"system": list(system or [])[:unit.block + 1], "tools": request.get("tools"),
+                "messages": []}
+    message = messages[unit.message]
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    return {"system": system, "tools": request.get("tools"),
+            "messages": [*messages[:unit.message],
+                         {**message, "content": blocks[:unit.block + 1]}]}

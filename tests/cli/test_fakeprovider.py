@@ -110,6 +110,35 @@ def test_prompt_cache_splits_the_same_total() -> None:
     assert total[0] == total[1] == provider.count_tokens({"system": "sys", "messages": messages})
 
 
+def test_a_breakpoint_moved_on_reads_the_prefix_cached_before_and_writes_the_rest() -> None:
+    # As the Messages API bills it: the marker is not part of the content, and a breakpoint
+    # finds a prefix cached at an earlier block (up to 20 back).
+    provider = FakeProvider()
+    mark = {"type": "ephemeral"}
+    first = provider("sys", [
+        {"role": "user", "content": [{"type": "text", "text": "task " * 300,
+                                      "cache_control": mark}]},
+        {"role": "assistant", "content": "on it " * 50}]).usage
+    assert first.cache_creation_input_tokens and not first.cache_read_input_tokens
+    grown = [{"role": "user", "content": "task " * 300},
+             {"role": "assistant", "content": [{"type": "text", "text": "on it " * 50}]},
+             {"role": "user", "content": [{"type": "text", "text": "next " * 40,
+                                           "cache_control": mark}]}]
+    second = provider("sys", grown).usage
+    whole = provider.count_tokens({"system": "sys", "messages": grown})
+    assert second.cache_read_input_tokens == first.cache_creation_input_tokens
+    assert second.cache_creation_input_tokens
+    assert (second.input_tokens + second.cache_read_input_tokens
+            + second.cache_creation_input_tokens) == whole
+    # Past the look-back, nothing is found: the whole prefix is written again.
+    far = [grown[0], *[{"role": "assistant" if i % 2 == 0 else "user", "content": f"m{i}"}
+                       for i in range(22)],
+           {"role": "assistant", "content": [{"type": "text", "text": "end",
+                                              "cache_control": mark}]}]
+    third = provider("sys", far).usage
+    assert not third.cache_read_input_tokens and third.cache_creation_input_tokens
+
+
 def test_bad_json_and_unknown_routes_are_errors_not_crashes() -> None:
     provider = FakeProvider()
     assert provider.handle("/v1/nothing", {})[0] == 404

@@ -94,7 +94,7 @@ def spy_usage(agent: SessionHandle) -> list[tuple[int, int, int]]:
 def test_a_plain_sdk_loop_appends_only_what_goes_beyond_the_ledger(
         client: Client, provider: FakeProvider, sdk: anthropic.Anthropic) -> None:
     agent = agent_of(client)
-    llm = SessionAnthropic(sdk, agent)
+    llm = SessionAnthropic(sdk, agent, cache_breakpoints=False)  # sent exactly as read
     provider.script_reply(["Listing.", ToolUse("bash", {"cmd": "ls"})],
                           ToolUse("bash", {"cmd": "cat refunds.log"}), "All reconciled.")
     history: list[Any] = [{"role": "user", "content": "Reconcile yesterday's refunds."}]
@@ -124,8 +124,8 @@ def test_the_compacted_window_is_sent_not_the_callers_history(
     report = agent.fold_inline(trigger="manual", target_tokens=4000)
     assert report.outcome == "folded"
     history = [*conversation, {"role": "user", "content": "Where do we stand?"}]
-    reply = SessionAnthropic(sdk, agent).messages.create(model=MODEL, max_tokens=256,
-                                                         messages=history)
+    reply = SessionAnthropic(sdk, agent, cache_breakpoints=False).messages.create(
+        model=MODEL, max_tokens=256, messages=history)
     sent = provider.requests[-1]
     assert len(sent["messages"]) < len(history)  # the window, folded
     assert "[sessionfold]" in json.dumps(sent["messages"])
@@ -143,7 +143,33 @@ def test_usage_reported_is_the_providers_own_count_for_the_window_sent(
     reply = SessionAnthropic(sdk, agent).messages.create(model=MODEL, max_tokens=64,
                                                          messages=history)
     assert reports == [(provider.stats.recent_prompt_tokens[-1], 0, 1)]
-    assert reply.usage.input_tokens == provider.stats.recent_prompt_tokens[-1]
+    # The request carried cache breakpoints (the default): the first call writes the cache, and
+    # the prompt size reported is all of it (uncached + written + read).
+    usage = reply.usage
+    assert usage.cache_creation_input_tokens and usage.cache_creation_input_tokens > 0
+    assert (usage.input_tokens + usage.cache_creation_input_tokens
+            + (usage.cache_read_input_tokens or 0)) == provider.stats.recent_prompt_tokens[-1]
+
+
+def test_by_default_requests_carry_breakpoints_after_the_stable_head_and_the_last_message(
+        client: Client, provider: FakeProvider, sdk: anthropic.Anthropic) -> None:
+    agent = agent_of(client, FoldPolicy(budget_tokens=8000, recall=False))
+    conversation = [m.to_json() for m in transcript_session("django__django-15554", 59).messages]
+    agent.append(conversation)
+    assert agent.fold_inline(trigger="manual", target_tokens=4000).outcome == "folded"
+    history = [*conversation, {"role": "user", "content": "Where do we stand?"}]
+    llm = SessionAnthropic(sdk, agent)
+    first = llm.messages.create(model=MODEL, max_tokens=64, messages=history)
+    sent = provider.requests[-1]["messages"]
+    marked = [i for i, m in enumerate(sent) if "cache_control" in json.dumps(m)]
+    window = agent.window()
+    head = max(i for i, item in enumerate(window.items) if item.kind in ("summary", "notice"))
+    assert marked == [head, len(sent) - 1]
+    # The second call reads what the first wrote: the head is unchanged between folds.
+    history += [{"role": "assistant", "content": first.content},
+                {"role": "user", "content": "And now?"}]
+    reply = llm.messages.create(model=MODEL, max_tokens=64, messages=history)
+    assert reply.usage.cache_read_input_tokens and reply.usage.cache_read_input_tokens > 0
 
 
 def test_cache_markers_the_caller_moves_from_call_to_call_are_not_a_divergence(
