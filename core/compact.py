@@ -228,6 +228,14 @@ class _Planner:
     layers_run: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: SummarizerError | None = None
+    #: ``group_turns(self.items)``, kept until the items change (replace, apply_pass).
+    _turns: list[Turn] | None = field(default=None, repr=False)
+
+    def turns(self) -> list[Turn]:
+        """The items grouped into turns (computed once per change of the items)."""
+        if self._turns is None:
+            self._turns = group_turns(self.items)
+        return self._turns
 
     # --- measuring --------------------------------------------------------------------------
 
@@ -242,10 +250,12 @@ class _Planner:
         saved = (sum(self.sizes.tokens(i) for i in self.items[start:stop])
                  - sum(self.sizes.tokens(i) for i in new))
         self.items[start:stop] = new
+        self._turns = None
         self.current -= self.slope * saved
 
     def apply_pass(self, items: list[WindowItem], saved: int) -> None:
         self.items = items
+        self._turns = None
         self.current -= self.slope * saved
 
     # --- pricing (economics="dollars") -------------------------------------------------------
@@ -272,7 +282,7 @@ class _Planner:
                 else "notice" if "drop-oldest" in self.policy.layers else None)
         if kind is None:
             return shape
-        runs = [r for r in foldable_runs(group_turns(dry.items), self.protection) if r.body]
+        runs = [r for r in foldable_runs(dry.turns(), self.protection) if r.body]
         folded = sum(dry.turn_tokens(t) for r in runs for t in r.turns)
         each = self.summary_reserve() if kind == "summary" else _NOTICE_TOKENS
         written = self.slope * each * len(runs)
@@ -287,7 +297,7 @@ class _Planner:
 
     def growth_tokens(self) -> float:
         """Tokens per call, estimated as the mean size of the most recent turns."""
-        turns = [t for t in group_turns(self.items) if not t.is_recall]
+        turns = [t for t in self.turns() if not t.is_recall]
         recent = turns[-max(_GROWTH_TURNS, self.policy.keep_recent_turns):]
         if not recent:
             return max(1.0, self.policy.budget_tokens / 100)
@@ -313,7 +323,7 @@ class _Planner:
     # --- cheap layers -----------------------------------------------------------------------
 
     def unprotected_positions(self) -> list[int]:
-        return [pos for turn in group_turns(self.items) if self.protection.reason(turn) is None
+        return [pos for turn in self.turns() if self.protection.reason(turn) is None
                 for pos in range(turn.index, turn.stop)]
 
     def clip(self) -> None:
@@ -337,7 +347,7 @@ class _Planner:
         each run of consecutive ones becomes one line (a line left by an earlier drop is taken
         along, never dropped on its own)."""
         runs: list[list[Turn]] = []
-        for turn in group_turns(self.items):
+        for turn in self.turns():
             droppable = (turn.is_recall and self.protection.reason(turn) is None
                          and not turn.unresolved_tool_use_ids())
             if not droppable:
@@ -379,7 +389,7 @@ class _Planner:
         """Fold the oldest runs, prefix by prefix, until at or under the target."""
         finished: set[int] = set()
         while self.over():
-            runs = foldable_runs(group_turns(self.items), self.protection)
+            runs = foldable_runs(self.turns(), self.protection)
             run = next((r for r in runs if r.start_seq not in finished), None)
             if run is None:
                 return
@@ -701,8 +711,8 @@ def fold_window(
                    target=target, slope=slope, current=before, force=force, pinned=pinned,
                    latched=latched, originals=originals)
     planner.clip()
-    planner.protection = protect(planner.items, policy, pinned)
-    protected = protection_refusals(group_turns(planner.items), planner.protection)
+    planner.protection = protect(planner.items, policy, pinned, turns=planner.turns())
+    protected = protection_refusals(planner.turns(), planner.protection)
     choice: FoldChoice | None = None
     if economics is not None and priced:
         choice = decide(policy, economics, planner.shape(economics.growth_tokens))

@@ -184,9 +184,13 @@ def _keep_from_seq(turns: Sequence[Turn], keep_recent_turns: int) -> int | None:
 
 
 def protect(items: Sequence[WindowItem], policy: FoldPolicy,
-            pinned: Collection[int] = ()) -> Protection:
-    """Work out what ``policy`` and the caller's pins protect in ``items``."""
-    turns = group_turns(items)
+            pinned: Collection[int] = (), *,
+            turns: Sequence[Turn] | None = None) -> Protection:
+    """Work out what ``policy`` and the caller's pins protect in ``items``.
+
+    ``turns``: ``group_turns(items)`` when the caller has it already.
+    """
+    turns = group_turns(items) if turns is None else turns
     first_user: int | None = None
     if policy.keep_first_user:
         first_user = next((item.start_seq for item in items
