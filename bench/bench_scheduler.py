@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     enqueued: list[str] = []
     scheduler = _scheduler(settings, store, client, "bench", enqueued, args, sessions)
     scheduler.sweep()  # the periodic sweep is not part of ingestion: run it before timing
-    freeze_startup_objects()  # as Scheduler.run_forever does before its loop
+    freeze_startup_objects()  # as `sessionfold scheduler` does before its loop
     totals: dict[str, float] = {}
     consumer = scheduler.consumer
     consumer._read_new = _timed(totals, "redis read", consumer._read_new)  # type: ignore[method-assign]

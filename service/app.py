@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from sessionfold.client import Client, connect
 from sessionfold.core.errors import SessionfoldError
 from sessionfold.workers.exporter import HostMetrics, start_host_metrics
+from sessionfold.workers.runtime import freeze_startup_objects
 from sessionfold.workers.settings import Settings
 from starlette.exceptions import HTTPException
 
@@ -75,6 +76,10 @@ def create_app(settings: Settings, *, client: Client | None = None) -> FastAPI:
                          owns_client=owned)
         await state.watcher.start()
         app.state.sessionfold = state
+        if owned:
+            # Start-up is done: the collector need not walk it again (a full collection that
+            # did paused a full-decode window read for ~90 ms, see bench/RESULTS.md, B2).
+            freeze_startup_objects()
         try:
             yield
         finally:

@@ -36,6 +36,7 @@ from sessionfold.workers.celery_app import make_celery, make_enqueue
 from sessionfold.workers.exporter import start_host_metrics
 from sessionfold.workers.keys import FOLD_QUEUE, Keys
 from sessionfold.workers.redis_conn import redis_client
+from sessionfold.workers.runtime import freeze_startup_objects
 from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
 from sessionfold.workers.settings import Settings, redact_url
 from sessionfold.workers.wiring import open_store, redis_url_for
@@ -183,6 +184,7 @@ def _scheduler(args: argparse.Namespace) -> int:
             print(f"sessionfold scheduler: reading the usage streams of "
                   f"{Keys.from_settings(settings).partitions} partitions on {redact_url(url)}",
                   flush=True)
+            freeze_startup_objects()  # set-up is done: the collector need not walk it again
             scheduler.run_forever(stop)
         finally:
             client.close()
