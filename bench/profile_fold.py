@@ -136,7 +136,7 @@ def _module_name(path: str, repo: Path) -> str:
 
 
 def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
-            profile: bool) -> SizeResult:
+            profile: bool, settle: bool = True) -> SizeResult:
     from sessionfold.core.messages import load_conversation_file
     from sessionfold.core.summarizers import ExtractiveSummarizer
     from sessionfold.store import SessionStore
@@ -153,6 +153,10 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
         ids, estimate = _sessions(store, messages, conv.system, 1 + folds + n_profiled)
         # One untimed fold first: imports, caches and the SQLite page cache warm up.
         run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"))
+        if settle:  # as a worker child does once it is set up
+            from sessionfold.workers.runtime import freeze_startup_objects
+
+            freeze_startup_objects()
         timed, profiled = ids[1:1 + folds], ids[1 + folds:]
         cpu: list[float] = []
         wall: list[float] = []
@@ -188,11 +192,12 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
 def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out = [f"Command: `.venv/bin/python bench/profile_fold.py --folds {args.folds}"
-           f"{' --postgres …' if args.postgres else ''}`. Run "
+           f"{' --postgres …' if args.postgres else ''}"
+           f"{' --gc default' if args.gc == 'default' else ''}`. Run "
            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine "
            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-           f"store {backend}; load average {load:.1f} at the end (CPU time, not wall time, "
-           "is what the table reports).", "",
+           f"store {backend}; collector {args.gc}; load average {load:.1f} at the end (CPU time, "
+           "not wall time, is what the table reports).", "",
            "| window | tokens before | folds | folded | CPU ms/fold (median) | p90 | wall ms "
            "(median) | folds per CPU-second |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -220,11 +225,16 @@ def main(argv: list[str] | None = None) -> int:
                              "own is made there and dropped)")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--quick", action="store_true", help="5 folds of the 40-message size")
+    parser.add_argument("--gc", choices=("settled", "default"), default="settled",
+                        help="settled (default): the collector as a worker child sets it "
+                             "(workers.runtime.freeze_startup_objects) before the folds; "
+                             "default: Python's own settings")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.folds < 1:
         parser.error("--folds must be at least 1")
+
     sizes = SIZES[:1] if args.quick else SIZES
     if args.quick:
         args.folds = 5
@@ -239,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             url = scratch.url if scratch else f"sqlite:///{Path(tmp) / f'{n}.db'}"
             try:
                 results.append(measure(url, label, transcript, n, args.folds,
-                                       profile=not args.no_profile))
+                                       profile=not args.no_profile,
+                                       settle=args.gc == "settled"))
             finally:
                 if scratch is not None:
                     scratch.drop()

@@ -2,8 +2,7 @@
 
 - ``sessionfold-background`` (pipeline): ``sessionfold up --no-flower`` runs in a temporary data
   dir (embedded Redis, a SQLite store, the scheduler and a Celery worker); the agent is a
-  :class:`~sessionfold.client.SessionHandle` with ``over_budget="send"``. Before each
-  call it reads the window from the store, after it reports the usage on the bus; folds are the
+  :class:`~sessionfold.client.SessionHandle` with ``over_budget="send"``. Folds are the
   scheduler's and the workers' business, and land whenever they land. The workers' summarizer
   is sessionfold's ``AnthropicSummarizer`` pointed (``ANTHROPIC_BASE_URL``) at a local HTTP
   server answering with the shared fake summarizer, so its calls run on the server's threads.
@@ -11,17 +10,17 @@
   ``over_budget="fold"`` rule -- past the budget, ``fold_inline`` before the call -- with the
   client's own summarizer (the same fake, in process), so its calls run on the agent's thread.
 - ``sessionfold-background-recall`` / ``sessionfold-inline-recall``: the same, with the recall
-  tool. The agent makes each call through ``SessionHandle.call(fn)``, which sends the window
-  (with its recall hints) and the ``sessionfold_recall`` definition through ``fn``, answers a
-  recall-only reply from the ledger (the store's full-text search), appends the exchange and
-  calls ``fn`` again. ``fn`` is the harness's scripted model playing the recall oracle
-  (:mod:`b1.oracle`): every request it is sent is billed.
+  tool: ``call(fn)`` also sends the window's recall hints and the ``sessionfold_recall``
+  definition, answers a recall-only reply from the ledger (the store's full-text search),
+  appends the exchange and calls ``fn`` again; the scripted model plays the recall oracle
+  (:mod:`b1.oracle`).
 
-Without the tool, the handle's steps are taken one by one with its public methods
-(``info``/``fold_inline`` as ``over_budget="fold"`` does, ``window``, then ``report_usage`` with
-the view's seq and revision), because the harness itself makes the model call; a request over the
-model's context window (200 k) folds inline to half the budget first, as ``SessionHandle.call``
-does after a 400.
+Every system's agent calls as a real agent does, through ``SessionHandle.call(fn)``: the request
+is the stored window through the pre-send guard (the cheap layers on the outgoing request when
+the window plus what is sent would exceed the budget), a request over the model's context window
+(200 k) is refused as the provider refuses it and the client folds inline and retries once, and
+the client reports the usage. ``fn`` is the harness's scripted model: every request it is sent is
+billed.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sessionfold.cli.replay import wait_settled
-from sessionfold.client import Client, SessionHandle, WindowView, connect
+from sessionfold.client import Client, SessionHandle, connect
 from sessionfold.core.errors import ContextOverflowError
 from sessionfold.workers.celery_app import make_celery
 from sessionfold.workers.settings import Settings
@@ -196,33 +195,36 @@ class _Session:
         self.client = client
         self.counter = counter
         self.mode = mode
-        self.view: WindowView | None = None
         self.seq = 0
+        self.replies = 0
 
     def append(self, message: Mapping[str, Any]) -> None:
         self.handle.append([dict(message)], key=f"m{self.seq}")
         self.seq += 1
 
-    def request(self) -> Request:
-        if self.mode == "fold":  # what over_budget="fold" does before the call
-            info = self.handle.info()
-            if info.policy.over_budget(info.current_tokens):
-                self.handle.fold_inline(trigger="overflow", measured_tokens=info.current_tokens)
-        view = self.handle.window()
-        request = Request(view.system, view.messages)
-        if self.counter.request(request) > CONTEXT_WINDOW:  # the provider's 400: fold, retry
-            budget = self.handle.info().policy.budget_tokens
-            self.handle.fold_inline(trigger="overflow", target_tokens=budget // 2)
-            view = self.handle.window()
-            request = Request(view.system, view.messages)
-        self.view = view
-        return request
+    #: The client offers the recall tool (the scripted model may then ask for what it lacks).
+    offers_recall = False
 
-    def reported(self, request: Request, tokens: int) -> None:
-        assert self.view is not None
-        self.handle.report_usage({"input_tokens": tokens, "output_tokens": 1},
-                                 seq=self.view.last_seq, revision=self.view.revision,
-                                 model="b1-scripted")
+    def call(self, model: ModelFn) -> None:
+        """The agent's next call, made as a real agent makes it: through ``call(fn)``, so the
+        request is the window through the pre-send guard, an overflow is folded inline and
+        retried, and the usage is reported by the client."""
+        def fn(system: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+            return self._reply(model, Request(system, messages))
+
+        self.handle.call(fn, over_budget=self.mode)
+
+    def _reply(self, model: ModelFn, request: Request) -> dict[str, Any]:
+        tokens = self.counter.request(request)
+        if tokens > CONTEXT_WINDOW:  # the provider's 400: the client folds and retries
+            raise ContextOverflowError(f"prompt is too long: {tokens} tokens > "
+                                       f"{CONTEXT_WINDOW} maximum")
+        reply = model(request)
+        self.replies += 1
+        return {"id": f"msg_b1_{self.replies}", "type": "message", "role": "assistant",
+                "model": "b1-scripted", "content": reply.content,
+                "stop_reason": reply.stop_reason, "stop_sequence": None,
+                "usage": {"input_tokens": reply.input_tokens, "output_tokens": 1}}
 
     def finish(self) -> None:
         if self.mode == "send" and not wait_settled(self.client, [self.handle.session_id],
@@ -236,28 +238,15 @@ class _Session:
 
 
 class _RecallSession(_Session):
-    """A session whose agent calls through ``SessionHandle.call(fn)``: the client offers and
-    answers the recall tool, and reports every request's usage itself."""
+    """A session whose client offers and answers the recall tool (``call(fn)`` with a ``fn``
+    that takes the tools)."""
 
-    def __init__(self, handle: SessionHandle, client: Client, counter: Counter,
-                 mode: Literal["send", "fold"]) -> None:
-        super().__init__(handle, client, counter, mode)
-        self.replies = 0
+    offers_recall = True
 
     def call(self, model: ModelFn) -> None:
         def fn(system: str, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]]) -> dict[str, Any]:
-            request = Request(system, messages, tools)
-            tokens = self.counter.request(request)
-            if tokens > CONTEXT_WINDOW:  # the provider's 400: the client folds and retries
-                raise ContextOverflowError(f"prompt is too long: {tokens} tokens > "
-                                           f"{CONTEXT_WINDOW} maximum")
-            reply = model(request)
-            self.replies += 1
-            return {"id": f"msg_b1_{self.replies}", "type": "message", "role": "assistant",
-                    "model": "b1-scripted", "content": reply.content,
-                    "stop_reason": reply.stop_reason, "stop_sequence": None,
-                    "usage": {"input_tokens": reply.input_tokens, "output_tokens": 1}}
+            return self._reply(model, Request(system, messages, tools))
 
         self.handle.call(fn, over_budget=self.mode)
 

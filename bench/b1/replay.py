@@ -17,9 +17,10 @@ request for call k holds.
 A system plugs in through two small protocols (:class:`System`, :class:`Session`) and is measured
 only through what it returns: the request, and at the end the originals it can still give back.
 A session whose client makes the model call itself (:class:`CallingSession`: sessionfold's
-``call(fn)``, which answers recall tool calls from the ledger and calls the model again) is
-handed the scripted model instead; every request the client sends through it is billed, and the
-model plays the recall oracle (:mod:`b1.oracle`).
+``call(fn)``, which guards the request and, with the recall tool, answers recall tool calls from
+the ledger and calls the model again) is handed the scripted model instead; every request the
+client sends through it is billed, and when the client offers the recall tool the model plays
+the recall oracle (:mod:`b1.oracle`).
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ ModelFn = Callable[[Request], Reply]
 @runtime_checkable
 class CallingSession(Protocol):
     """A session whose client makes the model call(s) of one agent step itself."""
+
+    #: The client offers the recall tool: the scripted model then asks for what its first
+    #: request lacks (the oracle), and the client answers.
+    offers_recall: bool
 
     def call(self, model: ModelFn) -> None:
         """Make the agent's next call through the client, which calls ``model`` once per
@@ -295,8 +300,10 @@ class _Agent:
 
     def through_client(self, session: CallingSession, call: int | None) -> _ClientTurn:
         """One step made by the session's client, the scripted model playing the oracle."""
-        turn = _ClientTurn(self, call, self.need[call] if call is not None else frozenset(),
-                           self.answers[call] if call is not None else _STRESS_REPLY)
+        need = self.need[call] if call is not None else frozenset()
+        turn = _ClientTurn(self, call, need,
+                           self.answers[call] if call is not None else _STRESS_REPLY,
+                           ask_recall=session.offers_recall)
         session.call(turn)
         turn.check()
         return turn
@@ -347,9 +354,10 @@ class _ClientTurn:
     is then the transcript's message."""
 
     def __init__(self, agent: _Agent, call: int | None, need: frozenset[str],
-                 answer: list[dict[str, Any]]) -> None:
+                 answer: list[dict[str, Any]], *, ask_recall: bool = True) -> None:
         self.agent = agent
         self.call = call
+        self.ask_recall = ask_recall
         self.need = need
         self.answer = answer
         self.started = time.perf_counter()
@@ -366,7 +374,7 @@ class _ClientTurn:
         self.agent.model.call()
         if len(self.sent) == 1:
             self.window = _score(self.need, request)
-            if self.window.missing and self.call is not None:
+            if self.window.missing and self.call is not None and self.ask_recall:
                 return Reply(ask(self.call, self.window.missing), sent.tokens)
         elif len(self.sent) == 2 and self.window is not None and self.call is not None:
             self.recovered = recovered(self.window.missing, request.messages, self.call)
@@ -376,7 +384,8 @@ class _ClientTurn:
         """The client sent a request, and answered the recall turn if one was asked."""
         if not self.sent:
             raise RuntimeError("the client made no model call")
-        asked = self.window is not None and bool(self.window.missing) and self.call is not None
+        asked = (self.ask_recall and self.window is not None and bool(self.window.missing)
+                 and self.call is not None)
         if asked and len(self.sent) < 2:
             raise RuntimeError(f"call {self.call}: the client did not answer the recall turn")
 
@@ -410,7 +419,8 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
         # (``Session.finish``) before the next one starts.
         summarizer.vocabulary = named_identifiers(transcript.messages)
         session = system.session(transcript, budget, env)
-        run.recall_tool = run.recall_tool or isinstance(session, CallingSession)
+        run.recall_tool = run.recall_tool or (isinstance(session, CallingSession)
+                                               and session.offers_recall)
         agent = _Agent(session, transcript, counter, ScriptedModel(time_scale))
         record = TranscriptRun(id=transcript.id)
         for message in transcript.messages:
