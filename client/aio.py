@@ -145,7 +145,7 @@ class AsyncSessionHandle:
         rounds = 0
         while True:
             response = await self._send(fn, plan, view)
-            next_view = await asyncio.to_thread(h._recall_round, plan, response, rounds)
+            next_view = await asyncio.to_thread(h._recall_round, plan, response, rounds, view)
             if next_view is None:
                 return response
             view, rounds = next_view, rounds + 1

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -317,12 +318,20 @@ _BATCH = 32
 _MIN_ROOM = 256
 
 
-def answer_cap(policy: FoldPolicy, current_tokens: int) -> int:
+def answer_cap(policy: FoldPolicy, current_tokens: int, slope: float = 1.0) -> int:
     """The most tokens one answer may hold: the policy's ``recall_max_tokens``, and no more than
     the window has left (``budget − current size − reserve``), so the next request stays
-    within the budget. May be small or negative: the answer then says there is no room."""
+    within the budget. May be small or negative: the answer then says there is no room.
+
+    ``current_tokens`` and the budget are the provider's tokens; an answer is measured with
+    the estimator, which the session's calibration finds ``slope`` times smaller or larger
+    than the provider's count: the room is turned into estimator tokens by dividing by it (an
+    answer of 4,000 estimated tokens is 4,800 of the provider's at a slope of 1.2)."""
     reserve = max(MIN_RESERVE_TOKENS, policy.budget_tokens // 20)
-    return min(policy.recall_max_tokens, policy.budget_tokens - current_tokens - reserve)
+    room = policy.budget_tokens - current_tokens - reserve
+    if room > 0 and slope > 0:
+        room = math.floor(room / slope)
+    return min(policy.recall_max_tokens, room)
 
 
 def _ref(parts: Sequence[object]) -> str:
@@ -394,7 +403,9 @@ def answer(store: RecallStore, session_id: str, request: RecallRequest, *,
     """
     if info is None:
         info = store.get_session(session_id)
-    cap = answer_cap(info.policy, info.current_tokens)
+    calibration = info.calibration
+    cap = answer_cap(info.policy, info.current_tokens,
+                     calibration.a if calibration.samples else 1.0)
     if cap < _MIN_ROOM:
         return _no_room(request.kind, info)
     if request.seq is not None:

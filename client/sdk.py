@@ -328,7 +328,7 @@ def _rounds_sync(handle: SessionHandle, plan: CallPlan,
                     return _Opened(attempt, read, view)
             reply = attempt.reply()
             handle._after_call(reply, view)
-            next_view = handle._recall_round(plan, reply, rounds)
+            next_view = handle._recall_round(plan, reply, rounds, view)
         except BaseException:
             attempt.close()
             raise
@@ -383,7 +383,7 @@ async def _rounds_async(handle: AsyncSessionHandle, plan: CallPlan,
                     return _Opened(attempt, read, view)
             reply = attempt.reply()
             await asyncio.to_thread(h._after_call, reply, view)
-            next_view = await asyncio.to_thread(h._recall_round, plan, reply, rounds)
+            next_view = await asyncio.to_thread(h._recall_round, plan, reply, rounds, view)
         except BaseException:
             await attempt.close()
             raise

@@ -100,7 +100,7 @@ from .shapes import (
     partial_answer,
     resolve_shape,
 )
-from .window_view import WindowView, view_of
+from .window_view import WindowView, rendered, view_of
 
 __all__ = [
     "AsyncModelCall",
@@ -442,6 +442,29 @@ class SessionHandle:
         self._count_recall(answers)
         return answers
 
+    def _answer_basis(self, plan: CallPlan, sent: WindowView | None,
+                      response: Any) -> SessionInfo:
+        """The session with the size its recall answers are sized by: the larger of the size
+        the store knows and the request just sent as it went out (the system prompt, the
+        window as rendered, with its recall hints and as the guard let it out, the tool
+        definitions the calibration has not seen yet) plus the model's recall call, which the
+        exchange appends. The store's size alone leaves out the hints, the call and, until a
+        usage report is read back, the tools: answers sized by it took the request after them
+        past the budget (B1, 16k, with the recall tool)."""
+        info = self.info()
+        if sent is None:
+            return info
+        counter = self.store.counter
+        estimate = plan.system_tokens + plan.extra_tokens + sum(
+            counter.message(rendered(item, recall=sent.recall)) for item in sent.items)
+        try:
+            estimate += counter.message(parse_message(
+                {"role": "assistant", "content": _content_of(response)}))
+        except InvalidMessageError:
+            estimate += count_text(json.dumps(_content_of(response), default=str))
+        basis = max(info.current_tokens, plan.calibration.predict(estimate))
+        return dataclasses.replace(info, current_tokens=basis)
+
     def _count_recall(self, answers: Sequence[RecallAnswer]) -> None:
         self.recall_calls += len(answers)
         counter = metrics()
@@ -593,16 +616,20 @@ class SessionHandle:
                          measured_tokens=counted[0] if counted else None)
         return self._view(plan)
 
-    def _recall_round(self, plan: CallPlan, response: Any, rounds: int) -> WindowView | None:
+    def _recall_round(self, plan: CallPlan, response: Any, rounds: int,
+                      sent: WindowView | None = None) -> WindowView | None:
         """When ``response`` asks only for recall and rounds are left: answer it, append the
         exchange (``recall=True``) and return the view to call the model with again. None:
-        ``response`` is the one to return."""
+        ``response`` is the one to return.
+
+        ``sent``: the view the request was built from; the answers are then sized so that the
+        request carrying them stays within the budget (:meth:`_answer_basis`)."""
         if not plan.recall or rounds >= plan.policy.recall_max_rounds:
             return None
         calls = tool_calls(response)
         if not asks_only_recall(calls):
             return None
-        answers = self._answer(calls)
+        answers = self._answer(calls, self._answer_basis(plan, sent, response))
         exchange = [{"role": "assistant", "content": _content_of(response)},
                     {"role": "user", "content": [a.tool_result(c.id)
                                                  for c, a in zip(calls, answers, strict=True)]}]
@@ -649,7 +676,7 @@ class SessionHandle:
         rounds = 0
         while True:
             response = self._send(fn, plan, view)
-            next_view = self._recall_round(plan, response, rounds)
+            next_view = self._recall_round(plan, response, rounds, view)
             if next_view is None:
                 return response
             view, rounds = next_view, rounds + 1

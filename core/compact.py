@@ -343,13 +343,26 @@ class _Planner:
                     self.layers_run.append("clip-oversized")
 
     def drop_recall(self) -> None:
-        """``drop-recall``: unprotected recall exchanges, oldest first, until enough is saved;
-        each run of consecutive ones becomes one line (a line left by an earlier drop is taken
-        along, never dropped on its own)."""
+        """``drop-recall``: recall exchanges, oldest first, until enough is saved; each run of
+        consecutive ones becomes one line (a line left by an earlier drop is taken along, never
+        dropped on its own).
+
+        An exchange is dropped when no protection holds it, and also inside the keep window
+        once the model has moved past it (a reply that is not a recall call came after it):
+        its answer is a copy of ledger rows that the model used for that step and can ask
+        for again, while the turns it sits among stay whole. The newest exchanges, the ones
+        the model has not answered yet, are kept."""
+        turns = self.turns()
+        # Position of the last assistant reply that is not a recall call: exchanges before it
+        # have been acted on.
+        moved_on = max((t.index for t in turns if not t.is_recall and any(
+            i.kind == "message" and i.message.role == "assistant" for i in t.items)),
+            default=-1)
         runs: list[list[Turn]] = []
-        for turn in self.turns():
-            droppable = (turn.is_recall and self.protection.reason(turn) is None
-                         and not turn.unresolved_tool_use_ids())
+        for turn in turns:
+            reason = self.protection.reason(turn)
+            droppable = (turn.is_recall and not turn.unresolved_tool_use_ids() and (
+                reason is None or (reason == "inside-keep-window" and turn.index < moved_on)))
             if not droppable:
                 runs.append([])
             elif runs and runs[-1]:

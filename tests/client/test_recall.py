@@ -473,3 +473,66 @@ def test_the_async_client_answers_recall_the_same_way(
 
     text, rounds = asyncio.run(scenario())
     assert PLANTED in text and rounds == 1
+
+
+def _estimate(client: Client, request: Mapping[str, Any]) -> int:
+    """The estimator's size of a request as it went out: system, messages and tools."""
+    from sessionfold.core.messages import parse_message
+    from sessionfold.core.tokens import count_text
+
+    counter = client.store.counter
+    return (counter.system(request.get("system") or "")
+            + sum(counter.message(parse_message(m, i))
+                  for i, m in enumerate(request["messages"]))
+            + count_text(json.dumps(request.get("tools") or [])))
+
+
+def test_an_answer_leaves_the_request_that_carries_it_within_the_budget(
+        client: Client, provider: FakeProvider) -> None:
+    # A tight budget, a window of masked outputs (each stub with its recall hint), an answer
+    # as large as the room allows: the request that carries it stays within the budget.
+    policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=1, recall_max_tokens=8000,
+                        layers=("mask-tool-results",))
+    agent = client.session("sized", policy=policy, system="You reconcile billing accounts.")
+    agent.append([{"role": "user", "content": "Reconcile the accounts in config.txt."}])
+    agent.append(tool_step(1, planted_file(30_000)))
+    for n in range(2, 60):
+        agent.append(tool_step(n, "\n".join(f"row {n}.{i}: fine" for i in range(40))))
+    assert run_fold(client.store, client.summarizer, FoldJob("sized", "job-sized")).outcome \
+        == "folded"
+    agent.append([{"role": "user", "content": "Which account is it?"}])
+    provider.script_reply(ToolUse("sessionfold_recall", {"seq": "2"}), "Done.")
+    agent.call(ask(provider))
+    first, second = provider.requests[-2], provider.requests[-1]
+    assert last_tool_result(second)["tool_use_id"]
+    assert "setting_" in text_of(second["messages"][-1])  # the answer holds recalled rows
+    assert _estimate(client, second) <= policy.budget_tokens, (
+        _estimate(client, first), _estimate(client, second), agent.info().current_tokens)
+
+
+def test_answers_are_sized_by_the_request_as_it_went_out_and_the_recall_call(
+        client: Client, provider: FakeProvider) -> None:
+    # The store's size of a session nothing has measured yet is the stored window's estimate:
+    # it leaves out what the request adds as it goes out (the recall hint of every stub, the
+    # tool's definition) and the model's recall call, which the exchange appends. Answers
+    # sized by it alone took the request after them past the budget (B1 at 16k with the
+    # recall tool: 3 requests; 1 once the basis below was used).
+    agent = grown_session(client, "basis")
+    plan, view = agent._plan_call(ask(provider), None, False)
+    assert plan.recall and view.recall
+    response = {"content": [{"type": "text", "text": "Let me look that up."},
+                            {"type": "tool_use", "id": "r1", "name": "sessionfold_recall",
+                             "input": {"query": ACCOUNT}}]}
+    stored = agent.info().current_tokens
+    basis = agent._answer_basis(plan, view, response).current_tokens
+    counter = client.store.counter
+    from sessionfold.client.window_view import rendered
+    from sessionfold.core.messages import parse_message
+
+    hinted = sum(counter.message(rendered(i, recall=True)) for i in view.items)
+    bare = sum(counter.message(i.message) for i in view.items)
+    call = counter.message(parse_message({"role": "assistant", "content": response["content"]}))
+    assert hinted > bare  # the stubs' hints are in what went out
+    assert basis >= plan.calibration.predict(plan.system_tokens + plan.extra_tokens + hinted
+                                             + call)
+    assert basis >= stored  # never larger answers than the store's size allowed

@@ -113,6 +113,17 @@ def test_the_cap_is_the_policy_and_the_room_left_below_the_budget() -> None:
     assert answer_cap(policy, 33_000) < 0
 
 
+def test_the_room_is_in_the_estimators_tokens_when_the_provider_counts_more() -> None:
+    # The room is the provider's tokens; an answer is measured with the estimator. A session
+    # whose provider counts 1.25 estimated tokens as 1.25 gets a fifth less estimated text.
+    policy = FoldPolicy(budget_tokens=32_000, recall_max_tokens=8000)
+    room = 32_000 - 27_000 - 1600
+    assert answer_cap(policy, 27_000) == room
+    assert answer_cap(policy, 27_000, slope=1.25) == room * 4 // 5
+    assert answer_cap(policy, 27_000, slope=0.8) == min(8000, room * 5 // 4)
+    assert answer_cap(policy, 33_000, slope=1.25) < 0  # no room stays no room
+
+
 @pytest.fixture
 def store(sqlite_store: SessionStore) -> SessionStore:
     policy = FoldPolicy(budget_tokens=32_000, recall_max_tokens=1000)

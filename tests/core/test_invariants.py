@@ -169,8 +169,11 @@ def check_clip(whole: str, clipped: str, tag: str, seq: int) -> None:
 
 
 def check_recall_item(ledger: Sequence[Message], item: WindowItem, recall: Collection[int],
-                      kept: Collection[int]) -> None:
-    """A recall item: the exchange as appended, or whole exchanges dropped for one line."""
+                      kept: Collection[int], acted_on: Collection[int] = ()) -> None:
+    """A recall item: the exchange as appended, or whole exchanges dropped for one line.
+
+    ``acted_on``: the seqs of recall exchanges inside the keep window (and pinned by nothing)
+    that a reply other than a recall call came after: those may be dropped although kept."""
     seqs = set(range(item.start_seq, item.end_seq + 1))
     assert seqs <= set(recall), f"#{item.start_seq}: a recall item over the agent's own seqs"
     if "dropped" not in item.edits:
@@ -178,7 +181,8 @@ def check_recall_item(ledger: Sequence[Message], item: WindowItem, recall: Colle
         assert item.message == ledger[item.start_seq], f"#{item.start_seq}: recall changed"
         return
     assert item.edits == ("dropped",)
-    assert not seqs & set(kept), f"a protected recall #{item.start_seq} was dropped"
+    assert not (seqs & set(kept)) - set(acted_on), \
+        f"a protected recall #{item.start_seq} was dropped"
     # Whole exchanges only: from a tool call of the model to the answer of the last one.
     assert ledger[item.start_seq].role == "assistant" and ledger[item.end_seq].has_tool_results()
     assert item.message.role == "user" and not item.message.has_tool_results()
@@ -194,9 +198,15 @@ def check_window(ledger: Sequence[Message], window: Sequence[WindowItem], policy
     for before, after in itertools.pairwise(window):
         assert after.start_seq == before.end_seq + 1, "a seq is lost or covered twice"
     kept, anchors = untouchable(ledger, policy, pinned, recall)
+    start = keep_from(ledger, policy.keep_recent_turns, recall)
+    moved_on = max((s for s, m in enumerate(ledger) if m.role == "assistant" and s not in recall),
+                   default=-1)
+    held = set().union(*(turn_seqs(ledger, s) for s in pinned if s < len(ledger)))
+    acted_on = {s for s in recall if start is not None and start <= s < moved_on
+                and s not in held}
     for pos, item in enumerate(window):
         if item.kind == "recall":
-            check_recall_item(ledger, item, recall, kept)
+            check_recall_item(ledger, item, recall, kept, acted_on)
             continue
         if item.kind == "message":
             assert item.start_seq == item.end_seq

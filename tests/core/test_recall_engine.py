@@ -162,6 +162,24 @@ def test_recall_exchanges_inside_the_keep_window_are_kept() -> None:
     assert [i for i in result.window if i.kind == "recall"] == window[-2:]
 
 
+def test_an_exchange_the_model_moved_past_is_dropped_even_inside_the_keep_window() -> None:
+    # The model asked, was answered, then replied with a call of its own tools: the answer
+    # served that step (a copy of ledger rows it can ask for again), so it may go although it
+    # sits inside the keep window; the turns around it stay whole.
+    window = window_of([("agent", [user("task"), *step(1), user("and?")]),
+                        ("recall", exchange(1)), ("agent", step(2))])
+    policy = FoldPolicy(budget_tokens=1000, keep_recent_turns=2)
+    assert protect(window, policy).reason(group_turns(window)[3]) == "inside-keep-window"
+    result = fold_window(window, policy, Recording(), counter=COUNTER, force=True)
+    dropped = [i for i in result.window if i.kind == "recall"]
+    assert len(dropped) == 1 and dropped[0].edits == ("dropped",)
+    assert (dropped[0].start_seq, dropped[0].end_seq) == (4, 5)
+    last = result.window[-2:]  # the newest turn: whole (clipped to the item limit at most)
+    assert [(i.start_seq, i.kind) for i in last] == [(6, "message"), (7, "message")]
+    assert all(set(i.edits) <= {"clipped"} for i in last)
+    check_tool_pairing([item.message for item in result.window])
+
+
 def test_a_line_left_by_an_earlier_drop_is_never_dropped_alone_but_joins_a_new_drop() -> None:
     earlier = drop_recall_items(window_of([("agent", [user("t")]), ("recall", exchange(1))])[1:],
                                 COUNTER)
