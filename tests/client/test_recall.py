@@ -6,55 +6,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from sessionfold.cli.standin.fakeprovider import FakeProvider, ToolUse
 from sessionfold.client import AsyncClient, Client, SessionHandle, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.store.engine import create_store_engine
 from sessionfold.workers.fold_procedure import FoldJob, run_fold
 from sessionfold.workers.settings import Settings
 
-DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ACCOUNT = "ACCT-90417"
 PLANTED = f"billing_account = {ACCOUNT}  # the account this agent reconciles"
 POLICY = FoldPolicy(budget_tokens=8000, keep_recent_turns=2)
 
 
 # --- fixtures: the client on both backends, the stand-in model ----------------------------------
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
-    """A fresh database of each backend (PostgreSQL: one made for this test, dropped after)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-        return
-    admin_url = os.environ.get("SF_TEST_POSTGRES_URL", DEFAULT_ADMIN_URL)
-    admin = create_store_engine(admin_url, pool_size=1).execution_options(
-        isolation_level="AUTOCOMMIT")
-    name = f"sf_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    except sa.exc.OperationalError as exc:
-        admin.dispose()
-        if os.environ.get("CI"):
-            pytest.fail(f"no PostgreSQL at {admin_url}: {exc}")
-        pytest.skip(f"no PostgreSQL at {admin_url}")
-    try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
-
 
 @pytest.fixture
 def client(make_settings: Callable[..., Settings], database_url: str) -> Iterator[Client]:
