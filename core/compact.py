@@ -670,6 +670,7 @@ def fold_window(
     originals: Originals | None = None,
     summarizer_skipped: str | None = None,
     economics: FoldEconomics | None = None,
+    trigger_tokens: int | None = None,
 ) -> FoldResult:
     """Plan and run one visit of a window (see the module docstring and docs/internals.md).
 
@@ -685,6 +686,9 @@ def fold_window(
     the record names it when the ``summarize`` layer is reached and skipped.
     ``economics`` prices the visit when the policy says ``economics="dollars"`` (see "Priced
     visits" in the module doc); forced and ``overflow`` visits are never priced.
+    ``trigger_tokens`` is the session's trigger as the store keeps it: for a priced visit it may
+    be below the policy's (the cost model set the next visit earlier:
+    :func:`~.economics.next_trigger_tokens`); an unpriced visit always waits for the policy's.
     Never raises a summarizer error: see :class:`FoldResult`.
     """
     _check_items(items)
@@ -711,10 +715,12 @@ def fold_window(
     priced = (economics is not None and policy.economics == "dollars" and not force
               and trigger != "overflow")
     idle = priced and trigger == "idle"
-    if not force and not (policy.over_idle_trigger(before) if idle
-                          else policy.over_trigger(before)):
+    gate_tokens = policy.trigger_tokens
+    if priced and trigger_tokens is not None:
+        gate_tokens = max(0, min(gate_tokens, trigger_tokens))
+    if not force and not (policy.over_idle_trigger(before) if idle else before > gate_tokens):
         gate = (f"the idle trigger of {policy.idle_trigger_tokens}" if idle
-                else f"the trigger of {policy.trigger_tokens}")
+                else f"the trigger of {gate_tokens}")
         return FoldResult(list(items), FoldEdit(), record(
             "nothing-to-fold", before, chars_after=chars_before,
             detail=f"{round(before)} tokens, at or under {gate}",

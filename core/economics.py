@@ -23,6 +23,15 @@ not call :func:`decide` for them).
 
 ``cold`` (an idle visit: the session was idle longer than its cache's lifetime) prices the fold
 without a write premium: its next call rewrites the prefix anyway.
+
+**When the next visit comes.** A priced visit also says when the session is next worth a visit
+(:func:`next_trigger_tokens`): the trigger T* of the cycle it chose, the size at which a fold
+back to that cycle's target is cheapest per call (after a fold: when to fold next; after
+``would-not-pay``: when the fold starts to pay). The store keeps that as the session's trigger,
+never above the policy's, so a session whose cost-optimal cycle is shorter than
+trigger-to-target (a large budget: waiting for 54 k of a 64 k window costs more in cache reads
+than folding at 25 k costs in cache writes) is folded earlier, and a fold refused as not paying
+is not tried again until it would pay.
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from dataclasses import dataclass
 from .cost import FoldChoice, FoldOption, FoldPricing, choose_fold
 from .errors import InvalidInputError
 from .policy import FoldPolicy
+from .window import CompactionRecord
 
-__all__ = ["FoldEconomics", "FoldShape", "ceiling_tokens", "decide"]
+__all__ = ["FoldEconomics", "FoldShape", "ceiling_tokens", "decide", "next_trigger_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +121,46 @@ def decide(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape) -> Fo
                        ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens),
                        growth_tokens=shape.growth_tokens, cold=economics.cold,
                        stable_prefix_tokens=head)
+
+
+def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | None:
+    """The session's trigger after the visit ``record`` tells of (module doc, "When the next
+    visit comes"); None: leave it as it is.
+
+    - a visit that lost its race (``stale``): None, it judged a window that is gone;
+    - not priced (``economics="window"``, a forced or overflow visit, no prices): the policy's
+      trigger;
+    - priced, folded (``pays`` or ``ceiling``): T*, the trigger of the cycle the fold chose
+      (the size at which folding back to its target is cheapest per call);
+    - priced, ``would-not-pay``: T*, where folding starts to pay.
+
+    T* is kept as the plan priced it, not moved with the window the fold really left: the next
+    visit is priced by the same estimates, so a trigger carried over to a fold that went deeper
+    than planned would only bring a visit that is refused as too early. Otherwise
+    (``at-target``, nothing could fold) the policy's trigger.
+
+    Always at most the policy's trigger (the budget's promise) and above the size the visit left
+    (a session is never due again without growing).
+    """
+    if record.outcome == "stale":
+        return None
+    trigger = policy.trigger_tokens
+    choice = record.economics
+    if policy.economics != "dollars" or not choice:
+        return trigger
+    chosen = choice.get("chosen") or {}
+    why = choice.get("why")
+    try:
+        cycle_trigger = float(chosen["trigger_tokens"])
+        cycle_target = float(chosen["target_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return trigger
+    if not (math.isfinite(cycle_trigger) and math.isfinite(cycle_target)):
+        return trigger
+    if why in ("pays", "ceiling") and record.outcome == "folded" and cycle_trigger > cycle_target:
+        left = record.tokens_after
+    elif why == "would-not-pay":
+        left = record.measured_tokens
+    else:
+        return trigger
+    return min(trigger, max(math.ceil(cycle_trigger), left + 1))

@@ -40,6 +40,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sessionfold.core.compact import FoldResult
+from sessionfold.core.economics import next_trigger_tokens
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import Calibration, TokenCounter
@@ -288,6 +289,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         claimed_by=None, claim_expires_at=None, abandoned_folds=0,
         last_visit_outcome=prepared.record.outcome,
         last_visit_tokens=prepared.record.measured_tokens, last_visit_at=now, updated_at=now,
+        **_next_trigger(policy, prepared.record),
     ))
     notify_window_change(conn, sid, row.incarnation, revision, "fold")
     return revision, spans, record_id, False
@@ -324,12 +326,22 @@ def record_visit_locked(conn: Connection, sid: str, record: CompactionRecord, *,
     values: dict[str, Any] = {"last_visit_outcome": record.outcome,
                               "last_visit_tokens": record.measured_tokens,
                               "last_visit_at": now, "updated_at": now}
+    if gone is None:
+        values.update(_next_trigger(FoldPolicy.from_json(row.policy), record))
     ours = gone is None and incarnation is not None and job_id is not None \
         and row.claimed_by == job_id and epoch == row.fold_epoch
     if ours:
         values.update(claimed_by=None, claim_expires_at=None, abandoned_folds=0)
     conn.execute(sessions.update().where(sessions.c.id == sid).values(**values))
     return record_id, row.revision, gone
+
+
+def _next_trigger(policy: FoldPolicy, record: CompactionRecord) -> dict[str, int]:
+    """The ``trigger_tokens`` column after this visit (the cost model may set the next visit
+    below the policy's trigger: :func:`~sessionfold.core.economics.next_trigger_tokens`), in the
+    visit's own transaction; nothing when the visit lost its race."""
+    trigger = next_trigger_tokens(policy, record)
+    return {} if trigger is None else {"trigger_tokens": trigger}
 
 
 def read_spans(conn: Connection, sid: str) -> list[StoredSpan]:

@@ -250,8 +250,7 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
         updated_at=now,
     ))
     notify_window_change(conn, sid, row.incarnation, revision, "append")
-    crossed = (not row.paused and not policy.over_trigger(row.current_tokens)
-               and policy.over_trigger(current))
+    crossed = not row.paused and row.current_tokens <= row.trigger_tokens < current
     return AppendResult(first_seq, last_seq, revision, current_tokens=current,
                         crossed_trigger=crossed)
 

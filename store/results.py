@@ -58,6 +58,9 @@ class SessionInfo:
     #: The size the trigger compares: the last accepted report plus the calibrated estimate of
     #: what was appended since; the calibrated estimate of the whole request when never measured.
     current_tokens: int
+    #: The size past which a background fold is due: the policy's trigger, or lower where the
+    #: cost model set the next visit earlier (:func:`~sessionfold.core.economics.
+    #: next_trigger_tokens`, kept by each priced visit's own transaction).
     trigger_tokens: int
     last_visit_outcome: str | None
     last_visit_tokens: int | None
@@ -72,9 +75,9 @@ class SessionInfo:
 
     @property
     def over_trigger(self) -> bool:
-        """Not paused and past its trigger: a background fold is due
-        (:meth:`FoldPolicy.over_trigger`)."""
-        return not self.paused and self.policy.over_trigger(self.current_tokens)
+        """Not paused and past its trigger (:attr:`trigger_tokens`): a background fold is
+        due."""
+        return not self.paused and self.current_tokens > self.trigger_tokens
 
     @property
     def over_budget(self) -> bool:

@@ -274,6 +274,7 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
             latched=context.latched,
             economics=(None if pricing is None
                        else FoldEconomics(pricing, cold=job.trigger == "idle")),
+            trigger_tokens=info.trigger_tokens,
             # Read only for a clipped output masked (or clipped shorter) now: the stub names the
             # ledger original's size, never a number found in the output.
             originals=lambda seq: store.recover(sid, seq, seq)[0],

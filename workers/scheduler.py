@@ -219,7 +219,7 @@ def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
         return "paused"
     if trigger == "idle":
         return None if info.policy.over_idle_trigger(info.current_tokens) else "under-idle-trigger"
-    if not info.policy.over_trigger(info.current_tokens):
+    if info.current_tokens <= info.trigger_tokens:
         return "under-trigger"
     if info.last_visit_outcome in NO_FOLD_OUTCOMES:
         grown = info.last_visit_tokens is None or info.current_tokens > info.last_visit_tokens
@@ -553,8 +553,7 @@ class Scheduler:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
         if info.paused:
             return False
-        return info.policy.over_trigger(ev.prompt_tokens) or \
-            info.policy.over_trigger(info.current_tokens)
+        return max(ev.prompt_tokens, info.current_tokens) > info.trigger_tokens
 
     def _try_enqueue(self, sid: str, source: str, stats: BatchStats, *,
                      event: UsageEvent | None = None, fresh: SessionInfo | None = None,

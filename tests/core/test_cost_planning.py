@@ -7,6 +7,7 @@ plans exactly as before; the budget (an overflow, a window about to pass it) alw
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pytest
@@ -14,7 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.cost import DEFAULT_PRICES, FoldPricing
-from sessionfold.core.economics import FoldEconomics, FoldShape, ceiling_tokens, decide
+from sessionfold.core.economics import (
+    FoldEconomics,
+    FoldShape,
+    ceiling_tokens,
+    decide,
+    next_trigger_tokens,
+)
 from sessionfold.core.errors import InvalidPolicyError
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy, LayerName
@@ -198,6 +205,82 @@ def test_an_idle_visit_under_the_idle_trigger_changes_nothing() -> None:
     windowed = visit(ITEMS, policy(SUMMARIZE, over=0.7, economics="window"), trigger="idle",
                      economics=COLD).record
     assert windowed.outcome == "nothing-to-fold" and "the trigger of" in windowed.detail
+
+
+# --- when the next visit comes ------------------------------------------------------------------
+
+def test_a_deep_fold_sets_the_next_visit_where_its_cycle_is_cheapest_under_the_policys_trigger(
+) -> None:
+    pol = policy(SUMMARIZE)  # budget ~73k: trigger-to-target is far longer than pays
+    record = visit(ITEMS, pol).record
+    assert record.outcome == "folded" and record.economics is not None
+    chosen = record.economics["chosen"]
+    assert chosen["trigger_tokens"] > chosen["target_tokens"]
+    nxt = next_trigger_tokens(pol, record)
+    assert nxt == math.ceil(chosen["trigger_tokens"])
+    assert record.tokens_after < nxt < pol.trigger_tokens
+
+
+def test_a_visit_at_the_lowered_trigger_is_priced_too_early_refused_and_waits_for_the_optimum(
+) -> None:
+    pol = policy(SUMMARIZE)
+    short = window(steps=12)  # far under the policy's trigger
+    size = sum(COUNTER.message(i.message) for i in short)
+    assert size < pol.trigger_tokens
+    # Unpriced, a lowered trigger means nothing: the policy's trigger gates.
+    unpriced = fold_window(short, pol, ExtractiveSummarizer(), counter=COUNTER,
+                           trigger="threshold", trigger_tokens=1000)
+    assert unpriced.record.outcome == "nothing-to-fold" and not unpriced.changed
+    assert f"the trigger of {pol.trigger_tokens}" in unpriced.record.detail
+    # Priced, the visit runs; folding this early costs more than it saves.
+    early = fold_window(short, pol, ExtractiveSummarizer(), counter=COUNTER,
+                        trigger="threshold", economics=WARM, trigger_tokens=1000)
+    assert early.record.outcome == "refused" and not early.changed
+    assert early.record.economics is not None
+    assert early.record.economics["why"] == "would-not-pay"
+    nxt = next_trigger_tokens(pol, early.record)
+    assert nxt is not None and early.record.measured_tokens < nxt <= pol.trigger_tokens
+    assert nxt == min(pol.trigger_tokens,
+                      math.ceil(early.record.economics["chosen"]["trigger_tokens"]))
+    # Past that size the same visit pays.
+    grown = window(steps=40)
+    later = fold_window(grown, pol, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
+                        economics=WARM, trigger_tokens=nxt)
+    assert later.record.outcome == "folded"
+    assert later.record.economics is not None and later.record.economics["why"] == "pays"
+
+
+def test_the_next_trigger_is_the_policys_unless_a_priced_visit_set_it_and_none_after_a_lost_race(
+) -> None:
+    pol = policy(SUMMARIZE)
+    folded = visit(ITEMS, pol).record
+    assert next_trigger_tokens(pol, folded) != pol.trigger_tokens
+    window_pol = pol.model_copy(update={"economics": "window"})
+    assert next_trigger_tokens(window_pol, folded) == pol.trigger_tokens
+    unpriced = visit(ITEMS, pol, economics=None).record
+    assert unpriced.economics is None
+    assert next_trigger_tokens(pol, unpriced) == pol.trigger_tokens
+    assert next_trigger_tokens(pol, folded.as_stale("claimed again")) is None
+    # Figures that do not parse fall back to the policy's trigger (a record is data).
+    broken = folded.model_copy(update={"economics": {"why": "pays", "chosen": {}}})
+    assert next_trigger_tokens(pol, broken) == pol.trigger_tokens
+    at_target = folded.model_copy(update={"economics": {**folded.economics, "why": "at-target"}})
+    assert next_trigger_tokens(pol, at_target) == pol.trigger_tokens
+
+
+@given(after=st.integers(0, 200_000), growth=st.floats(0, 1e6), why=st.sampled_from(
+    ["pays", "ceiling", "would-not-pay"]))
+@settings(max_examples=200, deadline=None)
+def test_the_next_trigger_is_never_above_the_policys_and_always_above_what_the_visit_left(
+        after: int, growth: float, why: str) -> None:
+    pol = FoldPolicy(budget_tokens=64_000)
+    record = visit(ITEMS, policy(SUMMARIZE)).record.model_copy(update={
+        "tokens_after": after, "measured_tokens": after, "outcome": "folded",
+        "economics": {"why": why, "chosen": {"target_tokens": 10_000,
+                                             "trigger_tokens": 10_000 + growth}}})
+    nxt = next_trigger_tokens(pol, record)
+    assert nxt is not None and nxt <= pol.trigger_tokens
+    assert nxt > after or nxt == pol.trigger_tokens
 
 
 # --- the knob --------------------------------------------------------------------------------

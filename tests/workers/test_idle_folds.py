@@ -8,6 +8,7 @@ fold procedure prices the visit with the settings' one price table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -254,3 +255,63 @@ def test_without_prices_a_dollars_policy_folds_as_before(sqlite_store: SessionSt
     plain = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j1"))
     assert plain.outcome == "folded" and plain.record is not None
     assert plain.record.economics is None
+
+
+# --- the next visit: where the cost model says, kept by the store --------------------------------
+
+def test_a_priced_fold_moves_the_sessions_trigger_to_its_cycles_optimum_and_the_sweep_follows(
+        sqlite_store: SessionStore, make_settings: Callable[..., Settings],
+        scheduler: Scheduler, enqueue: RecordingEnqueue) -> None:
+    pricing = fold_pricing(make_settings())
+    new_session(sqlite_store, "s1", steps=40, budget=90_000)
+    policy = sqlite_store.get_session("s1").policy
+    assert sqlite_store.get_session("s1").trigger_tokens == policy.trigger_tokens
+    report(sqlite_store, "s1", 77_000)  # past the trigger (76,500)
+    folded = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j1"), pricing=pricing)
+    assert folded.outcome == "folded" and folded.record is not None
+    assert folded.record.economics is not None and folded.record.economics["why"] == "pays"
+    info = sqlite_store.get_session("s1")
+    # The trigger of the cycle the fold chose: far under the policy's trigger.
+    assert info.trigger_tokens == math.ceil(folded.record.economics["chosen"]["trigger_tokens"])
+    assert info.current_tokens < info.trigger_tokens < policy.trigger_tokens
+    assert not info.over_trigger and skip_reason(info) == "under-trigger"
+    # An append that takes it past the new trigger says so (the nudge) and the sweep, the SQL
+    # on the same column, finds it: due long before the policy's trigger.
+    steps = [m for n in range(41, 200) for m in tool_step(n)]
+    crossed = False
+    for i in range(0, len(steps), 2):
+        result = sqlite_store.append("s1", steps[i:i + 2])
+        if result.crossed_trigger:
+            crossed = True
+            break
+    info = sqlite_store.get_session("s1")
+    assert crossed and info.over_trigger and info.current_tokens < policy.trigger_tokens
+    assert skip_reason(info) is None
+    assert [i.id for i in sqlite_store.over_trigger()] == ["s1"]
+    stats = scheduler.run_once()
+    scheduler.sweep(stats)
+    assert [(sid, trigger) for sid, _, trigger, _ in enqueue.jobs] == [("s1", "threshold")]
+    # The visit at the lowered trigger is priced like any: here it pays and folds again.
+    again = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j2"), pricing=pricing)
+    assert again.outcome == "folded" and again.record is not None
+    assert again.record.economics is not None and again.record.economics["why"] == "pays"
+    # A policy change, and an unpriced visit, put the policy's own trigger back.
+    sqlite_store.set_policy("s1", policy.model_copy(update={"keep_recent_turns": 3}))
+    assert sqlite_store.get_session("s1").trigger_tokens == policy.trigger_tokens
+
+
+def test_an_unpriced_visit_waits_for_the_policys_trigger_whatever_the_stored_one_says(
+        sqlite_store: SessionStore, make_settings: Callable[..., Settings]) -> None:
+    pricing = fold_pricing(make_settings())
+    new_session(sqlite_store, "s1", steps=40, budget=90_000)
+    policy = sqlite_store.get_session("s1").policy
+    report(sqlite_store, "s1", 77_000)
+    run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j1"), pricing=pricing)
+    lowered = sqlite_store.get_session("s1").trigger_tokens
+    assert lowered < policy.trigger_tokens
+    report(sqlite_store, "s1", lowered + 1_000)
+    plain = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j2"))
+    assert plain.outcome == "nothing-to-fold"
+    assert f"the trigger of {policy.trigger_tokens}" in plain.detail
+    # ...and its record puts the policy's trigger back.
+    assert sqlite_store.get_session("s1").trigger_tokens == policy.trigger_tokens
