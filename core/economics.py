@@ -31,7 +31,9 @@ back to that cycle's target is cheapest per call (after a fold: when to fold nex
 never above the policy's, so a session whose cost-optimal cycle is shorter than
 trigger-to-target (a large budget: waiting for 54 k of a 64 k window costs more in cache reads
 than folding at 25 k costs in cache writes) is folded earlier, and a fold refused as not paying
-is not tried again until it would pay.
+is not tried again until it would pay. A new session (or one whose policy changed) is first
+visited at the policy's target (:func:`opening_trigger_tokens`): nothing is priced yet, and
+below the target no fold is offered at all.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from .errors import InvalidInputError
 from .policy import FoldPolicy
 from .window import CompactionRecord
 
-__all__ = ["FoldEconomics", "FoldShape", "ceiling_tokens", "decide", "next_trigger_tokens"]
+__all__ = ["FoldEconomics", "FoldShape", "ceiling_tokens", "decide", "next_trigger_tokens",
+           "opening_trigger_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,22 @@ def decide(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape) -> Fo
                        ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens),
                        growth_tokens=shape.growth_tokens, cold=economics.cold,
                        stable_prefix_tokens=head)
+
+
+def opening_trigger_tokens(policy: FoldPolicy) -> int:
+    """The trigger of a new session, or of one whose policy just changed.
+
+    ``economics="window"``: the policy's trigger. ``"dollars"``: the policy's target, the
+    smallest window the planner offers any fold for. Nothing has been priced yet, and waiting
+    for the trigger would leave a session at a large budget (where the cost-optimal cycle is
+    shorter than trigger-to-target) reading up to 85 % of its budget from the cache on every
+    call until its first fold. The first visit is priced like any: it folds if that pays, and
+    is otherwise refused as ``would-not-pay`` and sets the next visit where the fold will
+    (:func:`next_trigger_tokens`), one refused visit per session at most.
+    """
+    if policy.economics != "dollars":
+        return policy.trigger_tokens
+    return min(policy.target_tokens, policy.trigger_tokens)
 
 
 def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | None:

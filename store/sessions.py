@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sessionfold.core.economics import opening_trigger_tokens
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
 from sessionfold.core.messages import find_lone_surrogate
 from sessionfold.core.policy import FoldPolicy
@@ -157,7 +158,8 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
         current_tokens=current_tokens(measured_tokens=None, pending_tokens=0,
                                       system_tokens=system_tokens, window_tokens=0,
                                       calibration=calibration),
-        trigger_tokens=policy.trigger_tokens, last_visit_outcome=None, last_visit_tokens=None,
+        trigger_tokens=opening_trigger_tokens(policy), last_visit_outcome=None,
+        last_visit_tokens=None,
         last_visit_at=None, created_at=now, updated_at=now,
         incarnation=secrets.randbits(62), abandoned_folds=0,
     ))
@@ -166,7 +168,7 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
 def set_policy(conn: Connection, sid: str, policy: FoldPolicy, *, now: datetime) -> None:
     lock_session(conn, sid)
     conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        policy=policy.to_json(), trigger_tokens=policy.trigger_tokens, updated_at=now))
+        policy=policy.to_json(), trigger_tokens=opening_trigger_tokens(policy), updated_at=now))
 
 
 def set_paused(conn: Connection, sid: str, paused: bool, *,

@@ -21,6 +21,7 @@ from sessionfold.core.economics import (
     ceiling_tokens,
     decide,
     next_trigger_tokens,
+    opening_trigger_tokens,
 )
 from sessionfold.core.errors import InvalidPolicyError
 from sessionfold.core.messages import Message, parse_message
@@ -266,6 +267,21 @@ def test_the_next_trigger_is_the_policys_unless_a_priced_visit_set_it_and_none_a
     assert next_trigger_tokens(pol, broken) == pol.trigger_tokens
     at_target = folded.model_copy(update={"economics": {**folded.economics, "why": "at-target"}})
     assert next_trigger_tokens(pol, at_target) == pol.trigger_tokens
+
+
+def test_a_priced_session_is_first_visited_at_its_target_and_a_window_one_at_its_trigger(
+) -> None:
+    pol = FoldPolicy(budget_tokens=64_000)
+    assert opening_trigger_tokens(pol) == pol.target_tokens == 38_400
+    windowed = pol.model_copy(update={"economics": "window"})
+    assert opening_trigger_tokens(windowed) == windowed.trigger_tokens == 54_400
+    # The first visit at the target is priced: a deep fold that pays is taken there.
+    big = policy(SUMMARIZE, over=0.62)  # the window is just past the target
+    assert big.target_tokens < SIZE < big.trigger_tokens
+    first = fold_window(ITEMS, big, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
+                        economics=WARM, trigger_tokens=opening_trigger_tokens(big))
+    assert first.record.economics is not None and first.record.outcome in ("folded", "refused")
+    assert first.record.economics["why"] in ("pays", "would-not-pay")
 
 
 @given(after=st.integers(0, 200_000), growth=st.floats(0, 1e6), why=st.sampled_from(

@@ -16,8 +16,12 @@ def test_a_created_session_starts_empty_and_reads_back(store: SessionStore) -> N
     assert (info.id, info.policy, info.system) == ("agent-1", POLICY, "You are terse.")
     assert (info.revision, info.ledger_len, info.fold_epoch, info.window_tokens) == (0, 0, 0, 0)
     assert info.system_tokens > 0 and info.current_tokens == info.system_tokens
-    assert info.trigger_tokens == POLICY.trigger_tokens and not info.over_trigger
+    # Priced (economics="dollars", the default): first visited at the target, where the cost
+    # model can first offer a fold; economics="window" waits for the policy's trigger.
+    assert info.trigger_tokens == POLICY.target_tokens and not info.over_trigger
     assert store.get_session("agent-1") == info
+    windowed = store.create_session("agent-2", POLICY.model_copy(update={"economics": "window"}))
+    assert windowed.trigger_tokens == POLICY.trigger_tokens
     window = store.read_window("agent-1")
     assert (window.system, window.revision, window.items) == ("You are terse.", 0, [])
 
@@ -71,9 +75,13 @@ def test_bad_policies_and_systems_are_refused(store: SessionStore) -> None:
 
 def test_policy_changes_move_the_trigger(store: SessionStore) -> None:
     store.create_session("a", POLICY)
-    store.set_policy("a", FoldPolicy(budget_tokens=8000, trigger_ratio=0.5, target_ratio=0.25))
+    store.set_policy("a", FoldPolicy(budget_tokens=8000, trigger_ratio=0.5, target_ratio=0.25,
+                                     economics="window"))
     info = store.get_session("a")
     assert info.policy.budget_tokens == 8000 and info.trigger_tokens == 4000
+    # A priced policy opens at its target again (nothing priced under it yet).
+    store.set_policy("a", FoldPolicy(budget_tokens=8000, trigger_ratio=0.5, target_ratio=0.25))
+    assert store.get_session("a").trigger_tokens == 2000
 
 
 def test_over_trigger_finds_unpaused_sessions_past_their_trigger_most_over_first(

@@ -228,7 +228,12 @@ def test_an_idle_fold_pays_with_the_cold_cache_and_the_same_fold_warm_is_refused
     summarizer = ExtractiveSummarizer()
     threshold = run_fold(sqlite_store, summarizer, FoldJob("s1", "j-threshold"),
                          pricing=pricing)
-    assert threshold.outcome == "nothing-to-fold"  # under the trigger: not due
+    # Past the target, where a priced session is first visited: masking alone is too shallow
+    # to pay for the cache break yet, and the next visit waits for where it would.
+    assert threshold.outcome == "refused" and "would-not-pay" in threshold.refusals
+    assert sqlite_store.get_session("s1").trigger_tokens > int(size * 1.01)
+    unpriced = run_fold(sqlite_store, summarizer, FoldJob("s1", "j-unpriced"))
+    assert unpriced.outcome == "nothing-to-fold"  # unpriced: under the policy's trigger
     # Past the trigger the same shallow fold would not pay for its cache break: refused, with
     # the figures, and the record reads back from the store the same.
     report(sqlite_store, "s1", 77_000)
@@ -265,7 +270,7 @@ def test_a_priced_fold_moves_the_sessions_trigger_to_its_cycles_optimum_and_the_
     pricing = fold_pricing(make_settings())
     new_session(sqlite_store, "s1", steps=40, budget=90_000)
     policy = sqlite_store.get_session("s1").policy
-    assert sqlite_store.get_session("s1").trigger_tokens == policy.trigger_tokens
+    assert sqlite_store.get_session("s1").trigger_tokens == policy.target_tokens  # opening
     report(sqlite_store, "s1", 77_000)  # past the trigger (76,500)
     folded = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j1"), pricing=pricing)
     assert folded.outcome == "folded" and folded.record is not None
@@ -295,9 +300,9 @@ def test_a_priced_fold_moves_the_sessions_trigger_to_its_cycles_optimum_and_the_
     again = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j2"), pricing=pricing)
     assert again.outcome == "folded" and again.record is not None
     assert again.record.economics is not None and again.record.economics["why"] == "pays"
-    # A policy change, and an unpriced visit, put the policy's own trigger back.
+    # A policy change opens at the target again (nothing priced under the new policy yet).
     sqlite_store.set_policy("s1", policy.model_copy(update={"keep_recent_turns": 3}))
-    assert sqlite_store.get_session("s1").trigger_tokens == policy.trigger_tokens
+    assert sqlite_store.get_session("s1").trigger_tokens == policy.target_tokens
 
 
 def test_an_unpriced_visit_waits_for_the_policys_trigger_whatever_the_stored_one_says(
