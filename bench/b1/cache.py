@@ -1,4 +1,4 @@
-"""The prompt-cache model and the prices B1 bills with.
+"""The prompt-cache model and the prices B1 bills with (``sessionfold.core.cost``'s).
 
 A standing agent marks the end of every request for caching (Anthropic's 5-minute cache), so the
 next request reads from the cache whatever prefix it shares, byte for byte, with the previous one
@@ -18,7 +18,9 @@ are not modelled: every system is billed by the same rule.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sessionfold.core.cost import CallTokens, ModelPrices, prices_for, summarizer_dollars
 
 from .counting import Unit
 
@@ -27,25 +29,38 @@ __all__ = ["PRICES", "Prices", "common_prefix_tokens"]
 
 @dataclass(frozen=True)
 class Prices:
-    """Published per-million-token prices (USD): the agent's model and the summarizer's."""
+    """What B1 bills with: the agent's model and the summarizer's, as ``sessionfold.core.cost``
+    prices them (the one table the planner and the spend cap use: ``DEFAULT_PRICES``).
 
+    ``agent`` / ``summarizer`` are :class:`~sessionfold.core.cost.ModelPrices`; ``model`` and
+    ``summarizer_model`` are the names the report prints.
+    """
+
+    agent: ModelPrices = field(default_factory=lambda: prices_for("claude-sonnet-4-5"))
+    summarizer: ModelPrices = field(default_factory=lambda: prices_for("claude-haiku-4-5"))
     model: str = "Claude Sonnet 4.5"
-    input_per_mtok: float = 3.00
-    cache_read_ratio: float = 0.10
-    cache_write_ratio: float = 1.25
     summarizer_model: str = "Claude Haiku 4.5"
-    summarizer_input_per_mtok: float = 1.00
-    summarizer_output_per_mtok: float = 5.00
+
+    @property
+    def input_per_mtok(self) -> float:
+        return self.agent.input_per_mtok
+
+    @property
+    def cache_read_ratio(self) -> float:
+        return self.agent.cache_read_multiplier
+
+    @property
+    def cache_write_ratio(self) -> float:
+        return self.agent.cache_write_5m_multiplier
 
     def request_dollars(self, tokens: int, cached: int) -> float:
-        """One agent request: ``cached`` tokens read from the cache, the rest written to it."""
-        written = tokens - cached
-        return (cached * self.cache_read_ratio + written * self.cache_write_ratio) \
-            * self.input_per_mtok / 1e6
+        """One agent request: ``cached`` tokens read from the cache, the rest written to it
+        (5-minute lifetime)."""
+        return self.agent.cost(CallTokens.predicted(read=cached, written=tokens - cached)).total
 
     def summarizer_dollars(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.summarizer_input_per_mtok
-                + output_tokens * self.summarizer_output_per_mtok) / 1e6
+        return summarizer_dollars(self.summarizer, input_tokens=input_tokens,
+                                  output_tokens=output_tokens)
 
 
 PRICES = Prices()

@@ -31,6 +31,7 @@ from b1.checks import broken_tool_pairs, has_task, retrievable  # noqa: E402
 from b1.counting import Counter, Request, Unit  # noqa: E402
 from b1.needed import need_sets  # noqa: E402
 from b1.results import update_section  # noqa: E402
+from sessionfold.core.cost import ModelPrices  # noqa: E402
 
 QUICK = "psf__requests-1142"
 
@@ -115,12 +116,15 @@ def test_common_prefix_counts_equal_units_then_shared_tokens() -> None:
     assert common_prefix_tokens([], before) == 0
 
 
-def test_prices_bill_cache_reads_and_writes() -> None:
-    prices = Prices(input_per_mtok=3.0, cache_read_ratio=0.1, cache_write_ratio=1.25,
-                    summarizer_input_per_mtok=1.0, summarizer_output_per_mtok=5.0)
+def test_prices_bill_cache_reads_and_writes_with_the_cost_models_table() -> None:
+    prices = Prices()  # core.cost's Sonnet 4.5 and Haiku 4.5
+    assert (prices.input_per_mtok, prices.cache_read_ratio, prices.cache_write_ratio) == \
+        (3.0, 0.1, 1.25)
     assert prices.request_dollars(1_000_000, 600_000) == pytest.approx((60_000 + 500_000)
                                                                          * 3 / 1e6)
     assert prices.summarizer_dollars(2_000_000, 100_000) == pytest.approx(2.5)
+    cheaper = Prices(agent=ModelPrices(input_per_mtok=1.0, output_per_mtok=5.0))
+    assert cheaper.request_dollars(1_000_000, 0) == pytest.approx(1.25)
 
 
 def test_update_section_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
