@@ -113,7 +113,9 @@ def _sessions(store: SessionStore, prefix: str, n: int, messages: list[Message],
     store.append(probe, messages)
     estimate = store.get_session(probe).current_tokens
     store.delete_session(probe)
-    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / budget_over)))
+    # economics="window": the fold is due at the policy's trigger, the crossing the lag is
+    # measured from (a priced policy opens at its target, where these sessions already are).
+    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / budget_over)), economics="window")
     ids = []
     for i in range(n):
         sid = f"{prefix}{i:05d}"

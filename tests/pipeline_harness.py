@@ -106,12 +106,18 @@ def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class PipelineProcess:
     """``python -m sessionfold.cli ARGS`` in its own process group, logging to a file."""
 
     def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path,
-                 ready_text: str) -> None:
+                 ready_text: str, *, sigint_ignored: bool = False) -> None:
         self.argv = argv
+        #: Start it with SIGINT ignored, as a non-interactive shell starts a background job.
+        self.sigint_ignored = sigint_ignored
         self.env = dict(env)
         self.log_path = log_path
         self.ready_text = ready_text
@@ -125,7 +131,8 @@ class PipelineProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sessionfold.cli", *self.argv],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.log_path.parent,
-                start_new_session=True)
+                start_new_session=True,
+                preexec_fn=_ignore_sigint if self.sigint_ignored else None)
         wait_until(lambda: self._ready(offset), timeout_s=timeout_s,
                    what=f"{' '.join(self.argv)} to be ready (log {self.log_path})")
         return self

@@ -224,7 +224,11 @@ def _up(args: argparse.Namespace) -> int:
     options = StackOptions(workers=1, worker_concurrency=args.concurrency,
                            flower=not args.no_flower, worker_loglevel="INFO")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    # SIGINT too, explicitly: a process started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then raises no KeyboardInterrupt (Ctrl-C, or a
+    # supervisor's SIGINT, would be lost).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
     print("sessionfold up: starting Redis, the store, a scheduler, a worker"
           + ("" if args.no_flower else ", Flower") + " and metrics", flush=True)
     with Stack(settings, options) as stack:

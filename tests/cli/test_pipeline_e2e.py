@@ -92,8 +92,10 @@ def test_up_and_replay_on_the_embedded_defaults(
                         scheduler_sweep_interval_s=2, scheduler_block_ms=200)
     env = child_env(settings)
     assert "REDIS_URL" not in env and "DATABASE_URL" not in env  # the embedded defaults
+    # Started as a non-interactive shell starts a background job (SIGINT inherited ignored):
+    # an explicit SIGINT must still stop it.
     up = PipelineProcess(["up", "--concurrency=1"], env, tmp_path / "up.log",
-                         "the pipeline is running")
+                         "the pipeline is running", sigint_ignored=True)
     try:
         up.start(timeout_s=120)
         banner = up.log_text()
