@@ -41,6 +41,7 @@ if str(BENCH) not in sys.path:  # a script, not a package: make ``b1`` importabl
 from b1.baseline import NoCompaction  # noqa: E402
 from b1.counting import Counter  # noqa: E402
 from b1.fakes import MODEL_SECONDS, SUMMARIZER_SECONDS  # noqa: E402
+from b1.idle import BURST_CALLS, CACHE_TTL_S, GAP_S  # noqa: E402
 from b1.replay import System, SystemRun, replay  # noqa: E402
 from b1.results import charts, markdown, totals, update_section  # noqa: E402
 from b1.transcripts import (  # noqa: E402
@@ -85,7 +86,7 @@ def _replay_local(name: str, transcripts: list[Transcript], args: argparse.Names
     for budget in args.budget_list:
         print(f"[b1] {name} @ {budget}", file=sys.stderr)
         runs.append(replay(system, transcripts, budget, time_scale=args.time_scale,
-                           counter=counter,
+                           counter=counter, idle=args.idle_gaps,
                            source="in process (bench/b1, the project's virtualenv)"))
     return runs
 
@@ -103,7 +104,8 @@ def _replay_pipeline(name: str, transcripts: list[Transcript], args: argparse.Na
 
     fake = FakeSummarizer(counter=counter, time_scale=args.time_scale)
     background = name.startswith("sessionfold-background")
-    pipeline = Pipeline(fake, workers=background, log=args.out / f"{name}.log")
+    pipeline = Pipeline(fake, workers=background, log=args.out / f"{name}.log",
+                        clock_scale=args.time_scale if args.idle_gaps else None)
     pipeline.start()
     try:
         kinds = {kind.name: kind for kind in (PipelineBackground, PipelineInline,
@@ -116,7 +118,8 @@ def _replay_pipeline(name: str, transcripts: list[Transcript], args: argparse.Na
         for budget in args.budget_list:
             print(f"[b1] {name} @ {budget}", file=sys.stderr)
             runs.append(replay(system, transcripts, budget, time_scale=args.time_scale,
-                               counter=counter, summarizer=fake, source=source))
+                               counter=counter, summarizer=fake, source=source,
+                               idle=args.idle_gaps))
         return runs
     finally:
         pipeline.stop()
@@ -138,6 +141,8 @@ def _start_peer(peer: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
                "--out", str(target)]
     if args.only:
         command += ["--only", args.only]
+    if args.idle_gaps:
+        command += ["--idle-gaps"]
     print(f"[b1] {peer}: {shlex.join(command)}", file=sys.stderr)
     env = dict(os.environ, LOG_LEVEL="WARNING")
     return subprocess.Popen(command, env=env)
@@ -252,6 +257,14 @@ def _header(args: argparse.Namespace, versions: dict[str, dict[str, str]],
         f"path are model time: {SUMMARIZER_SECONDS} s for each summarizer call made on the "
         "agent's thread.",
         "",
+        *([f"Idle-gap scenario (`bench/b1/idle.py`): each transcript's calls come in bursts "
+           f"of {BURST_CALLS[0]}–{BURST_CALLS[1]} separated by {GAP_S[0] / 60:.0f}–"
+           f"{GAP_S[1] / 60:.0f} minutes of model time (the same day for every system); a "
+           f"call more than {CACHE_TTL_S:.0f} s after the previous one finds its cache expired "
+           "and writes its whole prompt. The background pipeline sleeps through each gap on "
+           f"the scaled clock, its cache lifetime {CACHE_TTL_S * args.time_scale:g} s and its "
+           f"sweep every {30 * args.time_scale:g} s (300 s and 30 s × {args.time_scale}).",
+           ""] if args.idle_gaps else []),
         "Versions: " + "; ".join(
             f"{who}: " + ", ".join(f"{k} {v}" for k, v in found.items())
             for who, found in versions.items()),
@@ -312,6 +325,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--snapshot", action="store_true",
                         help="run sessionfold from the last commit (git archive HEAD), not "
                              "the live work tree")
+    parser.add_argument("--idle-gaps", action="store_true",
+                        help="the idle-gap scenario (bench/b1/idle.py): bursts of 10-30 calls "
+                             "separated by 10-60 minutes of model time; every system billed "
+                             "with the same 5-minute cache lifetime, the pipeline's cache "
+                             "lifetime and sweep on the scaled clock")
     parser.add_argument("--no-results", action="store_true",
                         help="do not touch RESULTS.md and the charts")
     args = parser.parse_args(argv)

@@ -47,6 +47,7 @@ from sessionfold.workers.settings import Settings
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
+from .idle import CACHE_TTL_S
 from .replay import Env, ModelFn
 from .sessionfold_systems import (
     CONTEXT_WINDOW,
@@ -105,9 +106,13 @@ class _FakeMessagesAPI:
 class Pipeline:
     """A private sessionfold deployment for one benchmark run (``workers=False``: client only)."""
 
-    def __init__(self, fake: FakeSummarizer, *, workers: bool, log: Path | None = None) -> None:
+    def __init__(self, fake: FakeSummarizer, *, workers: bool, log: Path | None = None,
+                 clock_scale: float | None = None) -> None:
         self.fake = fake
         self.workers = workers
+        #: The idle-gap scenario's scaled clock: the cache's lifetime (300 s) and the
+        #: scheduler's sweep (every 30 s) run at this scale; None: the defaults.
+        self.clock_scale = clock_scale
         self.dir = Path(tempfile.mkdtemp(prefix="b1-pipeline-"))
         self.log_path = log or self.dir / "pipeline.log"
         self.api = _FakeMessagesAPI(fake)
@@ -132,6 +137,10 @@ class Pipeline:
                         "DATABASE_URL": str(settings.database_url),
                         "ANTHROPIC_API_KEY": "b1-fake", "ANTHROPIC_BASE_URL": self.api.base_url,
                         "SESSIONFOLD_SUMMARIZER": "anthropic", "SESSIONFOLD_METRICS_PORT": "0"})
+            if self.clock_scale is not None:
+                env.update({
+                    "SESSIONFOLD_CACHE_LIFETIME_S": str(CACHE_TTL_S * self.clock_scale),
+                    "SESSIONFOLD_SCHEDULER_SWEEP_INTERVAL_S": str(30.0 * self.clock_scale)})
             with self.log_path.open("wb") as log:
                 self.process = subprocess.Popen(
                     [sys.executable, "-m", "sessionfold.cli", "up", "--no-flower"],
@@ -276,6 +285,8 @@ class _PipelineSystem:
 class PipelineBackground(_PipelineSystem):
     name = "sessionfold-background"
     mode: Literal["send", "fold"] = "send"
+    #: Its scheduler folds idle sessions on the clock: the idle-gap replay waits gaps out.
+    sleeps_through_idle_gaps = True
 
     def describe(self, budget: int) -> str:
         return ("client (over_budget='send') + `sessionfold up` (scheduler + Celery worker, "

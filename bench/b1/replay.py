@@ -34,7 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 from .cache import PRICES, common_prefix_tokens
 from .checks import broken_tool_pairs, has_task, retrievable
 from .counting import Counter, Request, Unit
-from .fakes import FakeSummarizer, ScriptedModel
+from .fakes import MODEL_SECONDS, FakeSummarizer, ScriptedModel
+from .idle import CACHE_TTL_S, idle_gaps
 from .needed import CallRecall, named_identifiers, need_sets, request_recall, without_recall_echo
 from .oracle import ask, recovered
 from .transcripts import STRESS_TRANSCRIPT, Transcript
@@ -142,6 +143,10 @@ class RequestRecord:
     recall_calls: int = 0
     recall_tokens: int = 0
     recall_cached: int = 0
+    #: The idle-gap scenario (:mod:`b1.idle`): model seconds the agent was idle before this
+    #: call (0: none), and whether its cache had expired (the whole prompt written).
+    idle_s: float = 0.0
+    cold: bool = False
 
     @property
     def present_with_tool(self) -> int:
@@ -150,7 +155,8 @@ class RequestRecord:
     def to_json(self) -> list[Any]:
         return [self.tokens, self.cached, self.broken_pairs, int(self.task), self.messages,
                 round(self.wait_s, 4), self.needed, self.present, self.recovered,
-                self.recall_calls, self.recall_tokens, self.recall_cached]
+                self.recall_calls, self.recall_tokens, self.recall_cached,
+                round(self.idle_s, 1), int(self.cold)]
 
     @classmethod
     def from_json(cls, row: Sequence[Any]) -> RequestRecord:
@@ -159,7 +165,9 @@ class RequestRecord:
         return cls(tokens=int(row[0]), cached=int(row[1]), broken_pairs=int(row[2]),
                    task=bool(row[3]), messages=int(row[4]), wait_s=float(row[5]),
                    needed=extra[0], present=extra[1], recovered=extra[2],
-                   recall_calls=extra[3], recall_tokens=extra[4], recall_cached=extra[5])
+                   recall_calls=extra[3], recall_tokens=extra[4], recall_cached=extra[5],
+                   idle_s=float(row[12]) if len(row) > 12 else 0.0,
+                   cold=bool(row[13]) if len(row) > 13 else False)
 
 
 @dataclass(frozen=True)
@@ -214,10 +222,13 @@ class SystemRun:
     source: str = ""
     #: The system's client offered the recall tool and the oracle used it (:mod:`b1.oracle`).
     recall_tool: bool = False
+    #: Replayed in the idle-gap scenario (:mod:`b1.idle`).
+    idle: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"system": self.system, "budget": self.budget, "time_scale": self.time_scale,
                 "config": self.config, "source": self.source, "recall_tool": self.recall_tool,
+                "idle": self.idle,
                 "transcripts": [t.to_json() for t in self.transcripts],
                 "stress": self.stress.to_json() if self.stress else None,
                 "summarizer_calls": self.summarizer_calls}
@@ -229,6 +240,7 @@ class SystemRun:
                    time_scale=float(data["time_scale"]), config=str(data["config"]),
                    source=str(data.get("source", "")),
                    recall_tool=bool(data.get("recall_tool", False)),
+                   idle=bool(data.get("idle", False)),
                    transcripts=[TranscriptRun.from_json(t) for t in data["transcripts"]],
                    stress=StressRecord(**stress) if stress else None,
                    summarizer_calls=list(data["summarizer_calls"]))
@@ -275,6 +287,11 @@ class _Agent:
         self.counter = counter
         self.model = model
         self.previous: list[Unit] = []
+        #: Model time (seconds): each call takes MODEL_SECONDS; idle gaps add theirs. A call
+        #: more than CACHE_TTL_S after the previous one reads nothing from the cache.
+        self.clock = 0.0
+        self.last_call_at: float | None = None
+        self.cold_calls = 0
         #: NEED_k of every call, in order, and the assistant message k that answers it.
         self.need = need_sets(transcript.messages)
         self.answers = [[dict(b) for b in _blocks(m)] for m in transcript.messages
@@ -283,10 +300,21 @@ class _Agent:
     def bill(self, request: Request) -> _Sent:
         """Count a request and what it shares with the agent's previous one (the cache)."""
         units = self.counter.request_units(request)
+        cold = self.last_call_at is not None and self.clock - self.last_call_at > CACHE_TTL_S
         sent = _Sent(request, sum(u.count for u in units),
-                     common_prefix_tokens(self.previous, units))
+                     0 if cold else common_prefix_tokens(self.previous, units))
+        self.cold_calls += cold
         self.previous = units
+        self.last_call_at = self.clock
+        self.clock += MODEL_SECONDS
         return sent
+
+    def idle(self, seconds: float, *, sleep: bool) -> None:
+        """The agent is idle ``seconds`` of model time; ``sleep``: wait them out on the scaled
+        clock (a system whose background work runs on the clock)."""
+        self.clock += seconds
+        if sleep:
+            time.sleep(seconds * self.model.time_scale)
 
     def send(self) -> tuple[_Sent, float]:
         """One call with the request the session hands over; (what was sent, seconds waited)."""
@@ -308,8 +336,10 @@ class _Agent:
         turn.check()
         return turn
 
-    def step(self, k: int) -> RequestRecord:
-        """Call k (the request before the transcript's k-th assistant message)."""
+    def step(self, k: int, idle_s: float = 0.0) -> RequestRecord:
+        """Call k (the request before the transcript's k-th assistant message), ``idle_s``
+        model seconds after the previous one ended (the idle-gap scenario)."""
+        cold_before = self.cold_calls
         if isinstance(self.session, CallingSession):
             turn = self.through_client(self.session, k)
             sent, waited, extra = turn.sent[0], turn.waited, turn.sent[1:]
@@ -325,7 +355,8 @@ class _Agent:
             wait_s=waited, needed=recall.needed, present=recall.present,
             recovered=turn.recovered if extra else 0, recall_calls=len(extra),
             recall_tokens=sum(x.tokens for x in extra),
-            recall_cached=sum(x.cached for x in extra))
+            recall_cached=sum(x.cached for x in extra), idle_s=idle_s,
+            cold=self.cold_calls > cold_before)
 
     def stress(self) -> StressRecord:
         last = self.transcript.messages[-1]
@@ -397,11 +428,14 @@ def _blocks(message: Message) -> list[Mapping[str, Any]]:
 
 def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
            time_scale: float, counter: Counter | None = None, stress: bool = True,
-           source: str = "", summarizer: FakeSummarizer | None = None) -> SystemRun:
+           source: str = "", summarizer: FakeSummarizer | None = None,
+           idle: bool = False) -> SystemRun:
     """Replay ``transcripts`` through ``system`` at ``budget`` tokens and record every request.
 
     ``summarizer`` is given when something outside the system needs it before the replay
     starts (the pipeline's fake summarizer server); its time scale must be ``time_scale``.
+    ``idle``: the idle-gap scenario (:mod:`b1.idle`); a system with
+    ``sleeps_through_idle_gaps`` waits each gap out on the scaled clock.
     """
     counter = counter or Counter()
     if summarizer is None:
@@ -411,7 +445,7 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
     summarizer.agent_thread = threading.get_ident()
     env = Env(counter=counter, summarizer=summarizer, time_scale=time_scale)
     run = SystemRun(system=system.name, budget=budget, time_scale=time_scale,
-                    config=system.describe(budget), source=source)
+                    config=system.describe(budget), source=source, idle=idle)
     for transcript in transcripts:
         started = time.perf_counter()
         first_call = len(summarizer.calls)
@@ -423,9 +457,15 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
                                                and session.offers_recall)
         agent = _Agent(session, transcript, counter, ScriptedModel(time_scale))
         record = TranscriptRun(id=transcript.id)
+        calls = sum(m["role"] == "assistant" for m in transcript.messages)
+        gaps = idle_gaps(transcript.id, calls) if idle else {}
+        sleeps = bool(getattr(system, "sleeps_through_idle_gaps", False))
         for message in transcript.messages:
             if message["role"] == "assistant":
-                record.requests.append(agent.step(len(record.requests)))
+                k = len(record.requests)
+                if k in gaps:
+                    agent.idle(gaps[k], sleep=sleeps)
+                record.requests.append(agent.step(k, gaps.get(k, 0.0)))
             session.append(message)
         if stress and transcript.id == STRESS_TRANSCRIPT and \
                 transcript.messages[-1]["role"] == "user":

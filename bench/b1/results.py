@@ -240,6 +240,12 @@ def markdown(runs: Sequence[SystemRun], *, prices: Prices = PRICES) -> str:
                 f"{t.summarizer_dollars:.3f} | {t.dollars:.2f} | "
                 f"{_ratio_f(t.dollars, base_dollars)} |")
         lines.append("")
+        idle = [r for r in runs if r.budget == budget and r.idle]
+        if idle:
+            cold = sorted({sum(q.cold for t in r.transcripts for q in t.requests) for r in idle})
+            lines += [f"Idle-gap scenario: {' / '.join(map(str, cold))} of the {calls} calls "
+                      "came after an idle gap past the cache's lifetime and wrote their whole "
+                      "prompt (the same calls for every system).", ""]
         lines += _recall_table(budget, at)
     stress = [r for r in runs if r.stress is not None]
     if stress:

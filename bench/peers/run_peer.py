@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transcripts", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--only", default="", help="comma-separated transcript ids")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--idle-gaps", action="store_true",
+                        help="the idle-gap scenario (b1.idle): bursts of calls, idle gaps")
     args = parser.parse_args(argv)
 
     module_name, class_name, packages = PEERS[args.system]
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for budget in (int(b) for b in args.budgets.split(",")):
         run = replay(system, transcripts, budget, time_scale=args.time_scale, counter=counter,
-                     source=f"{args.system} adapter (bench/peers), Python "
+                     idle=args.idle_gaps, source=f"{args.system} adapter (bench/peers), Python "
                             f"{sys.version.split()[0]}, its own virtualenv")
         runs.append(run.to_json())
         print(f"{args.system} @ {budget}: done", file=sys.stderr)

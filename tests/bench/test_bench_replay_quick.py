@@ -11,6 +11,7 @@ virtualenvs of their own, made by bench/peers/setup_peers.sh).
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -26,11 +27,15 @@ BENCH = REPO / "bench"
 TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
 sys.path.insert(0, str(BENCH))
 
+from b1.baseline import NoCompaction  # noqa: E402
 from b1.cache import Prices, common_prefix_tokens  # noqa: E402
 from b1.checks import broken_tool_pairs, has_task, retrievable  # noqa: E402
 from b1.counting import Counter, Request, Unit  # noqa: E402
+from b1.idle import BURST_CALLS, CACHE_TTL_S, GAP_S, idle_gaps  # noqa: E402
 from b1.needed import need_sets  # noqa: E402
+from b1.replay import SystemRun, replay  # noqa: E402
 from b1.results import update_section  # noqa: E402
+from b1.transcripts import load_transcripts  # noqa: E402
 from sessionfold.core.cost import ModelPrices  # noqa: E402
 
 QUICK = "psf__requests-1142"
@@ -125,6 +130,41 @@ def test_prices_bill_cache_reads_and_writes_with_the_cost_models_table() -> None
     assert prices.summarizer_dollars(2_000_000, 100_000) == pytest.approx(2.5)
     cheaper = Prices(agent=ModelPrices(input_per_mtok=1.0, output_per_mtok=5.0))
     assert cheaper.request_dollars(1_000_000, 0) == pytest.approx(1.25)
+
+
+def test_idle_gaps_cut_a_day_into_bursts_the_same_way_every_time() -> None:
+    gaps = idle_gaps("some-transcript", 200)
+    assert gaps == idle_gaps("some-transcript", 200) != idle_gaps("another", 200)
+    starts = [0, *sorted(gaps), 200]
+    bursts = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(BURST_CALLS[0] <= n <= BURST_CALLS[1] for n in bursts[:-1])
+    assert 0 < bursts[-1] <= BURST_CALLS[1]
+    assert all(GAP_S[0] <= g <= GAP_S[1] for g in gaps.values())
+    assert idle_gaps("some-transcript", 5) == {}
+
+
+def test_after_an_idle_gap_past_the_cache_lifetime_the_whole_prompt_is_written() -> None:
+    (transcript,) = load_transcripts(TRANSCRIPTS, [QUICK])
+    warm = replay(NoCompaction(), [transcript], 32_000, time_scale=0.0)
+    day = replay(NoCompaction(), [transcript], 32_000, time_scale=0.0, idle=True)
+    assert day.idle and not warm.idle
+    gaps = idle_gaps(transcript.id, len(warm.transcripts[0].requests))
+    assert gaps and all(g > CACHE_TTL_S for g in gaps.values())
+    for k, (w, d) in enumerate(zip(warm.transcripts[0].requests, day.transcripts[0].requests,
+                                   strict=True)):
+        assert d.tokens == w.tokens  # the same requests: only their billing differs
+        assert not w.cold and w.idle_s == 0
+        if k in gaps:
+            assert d.cold and d.cached == 0 and d.idle_s == gaps[k]
+            assert w.cached > 0  # warm, the same request read its prefix from the cache
+        else:
+            assert not d.cold and d.cached == w.cached
+    # And the records read back as written.
+    again = SystemRun.from_json(json.loads(json.dumps(day.to_json())))
+    assert again.idle
+    assert [r.to_json() for r in again.transcripts[0].requests] == \
+        [r.to_json() for r in day.transcripts[0].requests]
+    assert sum(r.cold for r in again.transcripts[0].requests) == len(gaps)
 
 
 def test_update_section_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
