@@ -10,11 +10,14 @@ fold again, so the provider's prompt cache is invalidated rarely)::
                measure="estimate")                        # no summarizer, no reported usage
     FoldPolicy(budget_tokens=32_000, economics="window")  # the window's size over dollars
 
-With ``economics="dollars"`` (the default) a visit past the trigger is also priced with the
-cost model (:mod:`sessionfold.core.economics`): the fold goes as deep as pays best, and a fold
-that would not pay for its cache break is refused (``would-not-pay``) unless the budget needs
-it. A session idle longer than its prompt cache's lifetime is visited from
-``idle_trigger_ratio × budget_tokens`` on (its next call rewrites the cache anyway).
+With ``economics="dollars"`` (the default) every background visit is priced with the cost
+model (:mod:`sessionfold.core.economics`): the fold goes as deep as pays best, and a fold that
+would not pay for its cache break is refused (``would-not-pay``) unless the budget needs it.
+The trigger is then a ceiling, not the moment: a session is first visited at its target and
+each priced visit sets the next one where folding pays best (the store keeps it as the
+session's ``trigger_tokens``, never above :attr:`FoldPolicy.trigger_tokens`). A session
+idle longer than its prompt cache's lifetime is visited from ``idle_trigger_ratio ×
+budget_tokens`` on (its next call rewrites the cache anyway).
 
 Between folds, ``call()`` guards each request (``guard``, on by default, paused sessions
 included): one whose calibrated estimate passes ``(1 - guard_margin_ratio) × budget_tokens`` is
