@@ -30,7 +30,7 @@ back to that cycle's target is cheapest per call (after a fold: when to fold nex
 ``would-not-pay``: when the fold starts to pay). The store keeps that as the session's trigger,
 never above the policy's, so a session whose cost-optimal cycle is shorter than
 trigger-to-target (a large budget: waiting for 54 k of a 64 k window costs more in cache reads
-than folding at 25 k costs in cache writes) is folded earlier, and a fold refused as not paying
+than folding at ~20 k costs in cache writes) is folded earlier, and a fold refused as not paying
 is not tried again until it would pay. A new session (or one whose policy changed) is first
 visited at the policy's target (:func:`opening_trigger_tokens`): nothing is priced yet, and
 below the target no fold is offered at all.
