@@ -41,7 +41,7 @@ if str(BENCH) not in sys.path:  # a script, not a package: make ``b1`` importabl
 from b1.baseline import NoCompaction  # noqa: E402
 from b1.counting import Counter  # noqa: E402
 from b1.fakes import MODEL_SECONDS, SUMMARIZER_SECONDS  # noqa: E402
-from b1.idle import BURST_CALLS, CACHE_TTL_S, GAP_S  # noqa: E402
+from b1.idle import BURST_CALLS, CACHE_TTL_S, GAP_S, SWEEP_INTERVAL_S  # noqa: E402
 from b1.replay import System, SystemRun, replay  # noqa: E402
 from b1.results import charts, markdown, totals, update_section  # noqa: E402
 from b1.transcripts import (  # noqa: E402
@@ -263,7 +263,8 @@ def _header(args: argparse.Namespace, versions: dict[str, dict[str, str]],
            f"call more than {CACHE_TTL_S:.0f} s after the previous one finds its cache expired "
            "and writes its whole prompt. The background pipeline sleeps through each gap on "
            f"the scaled clock, its cache lifetime {CACHE_TTL_S * args.time_scale:g} s and its "
-           f"sweep every {30 * args.time_scale:g} s (300 s and 30 s × {args.time_scale}).",
+           f"sweep every {SWEEP_INTERVAL_S * args.time_scale:g} s ({CACHE_TTL_S:.0f} s and "
+           f"{SWEEP_INTERVAL_S:.0f} s × {args.time_scale}).",
            ""] if args.idle_gaps else []),
         "Versions: " + "; ".join(
             f"{who}: " + ", ".join(f"{k} {v}" for k, v in found.items())

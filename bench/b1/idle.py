@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["BURST_CALLS", "CACHE_TTL_S", "GAP_S", "idle_gaps"]
+__all__ = ["BURST_CALLS", "CACHE_TTL_S", "GAP_S", "SWEEP_INTERVAL_S", "idle_gaps"]
 
 #: The prompt cache's lifetime, model seconds (Anthropic's default 5-minute cache).
 CACHE_TTL_S = 300.0
+#: The scheduler's sweep interval the pipeline's is scaled from (its default, seconds).
+SWEEP_INTERVAL_S = 30.0
 #: Calls in one burst, inclusive range.
 BURST_CALLS = (10, 30)
 #: Model seconds of idle time between two bursts, inclusive range (10–60 minutes).

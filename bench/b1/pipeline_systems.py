@@ -47,7 +47,7 @@ from sessionfold.workers.settings import Settings
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
-from .idle import CACHE_TTL_S
+from .idle import CACHE_TTL_S, SWEEP_INTERVAL_S
 from .replay import Env, ModelFn
 from .sessionfold_systems import (
     CONTEXT_WINDOW,
@@ -140,7 +140,8 @@ class Pipeline:
             if self.clock_scale is not None:
                 env.update({
                     "SESSIONFOLD_CACHE_LIFETIME_S": str(CACHE_TTL_S * self.clock_scale),
-                    "SESSIONFOLD_SCHEDULER_SWEEP_INTERVAL_S": str(30.0 * self.clock_scale)})
+                    "SESSIONFOLD_SCHEDULER_SWEEP_INTERVAL_S":
+                        str(SWEEP_INTERVAL_S * self.clock_scale)})
             with self.log_path.open("wb") as log:
                 self.process = subprocess.Popen(
                     [sys.executable, "-m", "sessionfold.cli", "up", "--no-flower"],

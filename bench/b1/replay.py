@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .cache import PRICES, common_prefix_tokens
+from .cache import common_prefix_tokens
 from .checks import broken_tool_pairs, has_task, retrievable
 from .counting import Counter, Request, Unit
 from .fakes import MODEL_SECONDS, FakeSummarizer, ScriptedModel
@@ -271,6 +271,8 @@ class _Sent:
     request: Request
     tokens: int
     cached: int
+    #: Its cache had expired (the idle-gap scenario): nothing was read from it.
+    cold: bool = False
 
 
 #: What the scripted model says after the stress step's request (no transcript message follows).
@@ -291,7 +293,6 @@ class _Agent:
         #: more than CACHE_TTL_S after the previous one reads nothing from the cache.
         self.clock = 0.0
         self.last_call_at: float | None = None
-        self.cold_calls = 0
         #: NEED_k of every call, in order, and the assistant message k that answers it.
         self.need = need_sets(transcript.messages)
         self.answers = [[dict(b) for b in _blocks(m)] for m in transcript.messages
@@ -302,8 +303,7 @@ class _Agent:
         units = self.counter.request_units(request)
         cold = self.last_call_at is not None and self.clock - self.last_call_at > CACHE_TTL_S
         sent = _Sent(request, sum(u.count for u in units),
-                     0 if cold else common_prefix_tokens(self.previous, units))
-        self.cold_calls += cold
+                     0 if cold else common_prefix_tokens(self.previous, units), cold)
         self.previous = units
         self.last_call_at = self.clock
         self.clock += MODEL_SECONDS
@@ -339,7 +339,6 @@ class _Agent:
     def step(self, k: int, idle_s: float = 0.0) -> RequestRecord:
         """Call k (the request before the transcript's k-th assistant message), ``idle_s``
         model seconds after the previous one ended (the idle-gap scenario)."""
-        cold_before = self.cold_calls
         if isinstance(self.session, CallingSession):
             turn = self.through_client(self.session, k)
             sent, waited, extra = turn.sent[0], turn.waited, turn.sent[1:]
@@ -356,7 +355,7 @@ class _Agent:
             recovered=turn.recovered if extra else 0, recall_calls=len(extra),
             recall_tokens=sum(x.tokens for x in extra),
             recall_cached=sum(x.cached for x in extra), idle_s=idle_s,
-            cold=self.cold_calls > cold_before)
+            cold=sent.cold)
 
     def stress(self) -> StressRecord:
         last = self.transcript.messages[-1]
@@ -479,7 +478,5 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
                 "transcript": transcript.id, "input_tokens": call.input_tokens,
                 "output_tokens": call.output_tokens, "seconds": call.seconds,
                 "measured_s": round(call.measured_s, 3),
-                "on_agent_thread": call.on_agent_thread,
-                "dollars": round(PRICES.summarizer_dollars(call.input_tokens,
-                                                           call.output_tokens), 6)})
+                "on_agent_thread": call.on_agent_thread})  # priced by the report (b1.prices)
     return run

@@ -15,8 +15,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from .cache import PRICES, Prices
 from .needed import recall_totals
+from .prices import PRICES, Prices
 from .replay import RequestRecord, SystemRun
 
 __all__ = ["Totals", "charts", "markdown", "totals", "update_section"]

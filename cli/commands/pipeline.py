@@ -234,11 +234,8 @@ def _up(args: argparse.Namespace) -> int:
     with Stack(settings, options) as stack:
         stack.wait_ready()
         _print_up(stack, settings)
-        try:
-            while not stop.wait(0.5):
-                stack.check()  # a child that died stops everything, with the reason
-        except KeyboardInterrupt:
-            pass  # Ctrl-C: leaving the block stops the children in order
+        while not stop.wait(0.5):  # Ctrl-C and SIGTERM set it; leaving stops the children
+            stack.check()  # a child that died stops everything, with the reason
     print("sessionfold up: stopped", flush=True)
     return 0
 

@@ -28,11 +28,12 @@ TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
 sys.path.insert(0, str(BENCH))
 
 from b1.baseline import NoCompaction  # noqa: E402
-from b1.cache import Prices, common_prefix_tokens  # noqa: E402
+from b1.cache import common_prefix_tokens  # noqa: E402
 from b1.checks import broken_tool_pairs, has_task, retrievable  # noqa: E402
 from b1.counting import Counter, Request, Unit  # noqa: E402
 from b1.idle import BURST_CALLS, CACHE_TTL_S, GAP_S, idle_gaps  # noqa: E402
 from b1.needed import need_sets  # noqa: E402
+from b1.prices import Prices  # noqa: E402
 from b1.replay import SystemRun, replay  # noqa: E402
 from b1.results import update_section  # noqa: E402
 from b1.transcripts import load_transcripts  # noqa: E402
@@ -123,8 +124,8 @@ def test_common_prefix_counts_equal_units_then_shared_tokens() -> None:
 
 def test_prices_bill_cache_reads_and_writes_with_the_cost_models_table() -> None:
     prices = Prices()  # core.cost's Sonnet 4.5 and Haiku 4.5
-    assert (prices.input_per_mtok, prices.cache_read_ratio, prices.cache_write_ratio) == \
-        (3.0, 0.1, 1.25)
+    assert (prices.agent.input_per_mtok, prices.agent.cache_read_multiplier,
+            prices.agent.cache_write_5m_multiplier) == (3.0, 0.1, 1.25)
     assert prices.request_dollars(1_000_000, 600_000) == pytest.approx((60_000 + 500_000)
                                                                          * 3 / 1e6)
     assert prices.summarizer_dollars(2_000_000, 100_000) == pytest.approx(2.5)

@@ -1,0 +1,41 @@
+"""The prices B1 bills with: ``sessionfold.core.cost``'s table, the one the planner uses.
+
+Kept apart from :mod:`b1.cache` and the replay: the peers replay in virtualenvs of their own,
+without sessionfold installed, and record tokens only; every system is priced here, in the
+project's process, when the report is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sessionfold.core.cost import CallTokens, ModelPrices, prices_for, summarizer_dollars
+
+__all__ = ["PRICES", "Prices"]
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What B1 bills with: the agent's model and the summarizer's, as ``sessionfold.core.cost``
+    prices them (the one table the planner and the spend cap use: ``DEFAULT_PRICES``).
+
+    ``agent`` / ``summarizer`` are :class:`~sessionfold.core.cost.ModelPrices`; ``model`` and
+    ``summarizer_model`` are the names the report prints.
+    """
+
+    agent: ModelPrices = field(default_factory=lambda: prices_for("claude-sonnet-4-5"))
+    summarizer: ModelPrices = field(default_factory=lambda: prices_for("claude-haiku-4-5"))
+    model: str = "Claude Sonnet 4.5"
+    summarizer_model: str = "Claude Haiku 4.5"
+
+    def request_dollars(self, tokens: int, cached: int) -> float:
+        """One agent request: ``cached`` tokens read from the cache, the rest written to it
+        (5-minute lifetime)."""
+        return self.agent.cost(CallTokens.predicted(read=cached, written=tokens - cached)).total
+
+    def summarizer_dollars(self, input_tokens: int, output_tokens: int) -> float:
+        return summarizer_dollars(self.summarizer, input_tokens=input_tokens,
+                                  output_tokens=output_tokens)
+
+
+PRICES = Prices()
