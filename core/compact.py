@@ -73,7 +73,7 @@ from .layers import (
 )
 from .messages import Message, SummaryMark, check_tool_pairing, parse_message
 from .policy import FoldPolicy
-from .retention import check_retention, extract_identifiers
+from .retention import check_retention, excerpts, extract_identifiers
 from .summarizers import Summarizer
 from .tokens import Calibration, TokenCounter, count_text, default_counter
 from .turns import Protection, Run, Turn, foldable_runs, group_turns, protect, protection_refusals
@@ -97,6 +97,8 @@ __all__ = ["CompactResult", "FoldResult", "compact", "fold_window"]
 
 #: Identifiers the retention check compares at most (the most recurring of the span's own).
 RETENTION_LIMIT = 40
+#: Characters a summary repair reads either side of a missing identifier's latest mention.
+REPAIR_EXCERPT_CHARS = 160
 
 # Refusals that are about folding itself (not protection): a visit with one of these and no
 # change is "refused", not "nothing-to-fold".
@@ -546,7 +548,7 @@ class _Planner:
             check = check_retention(text, identifiers, self.policy.retention_min)
             if not check.ok:
                 # Once more, naming what went missing; keep whichever answer kept more.
-                text2 = self.chain(summarizer, groups, previous, check.missing, paid)
+                text2 = self.repair(summarizer, groups, previous, text, check.missing, paid)
                 check2 = check_retention(text2, identifiers, self.policy.retention_min)
                 if check2.ratio >= check.ratio:
                     text, check = text2, check2
@@ -610,6 +612,26 @@ class _Planner:
             running = summary.text
             if not pending:
                 return running
+
+
+    def repair(self, summarizer: Summarizer, groups: list[list[WindowItem]],
+               previous: str | None, draft: str, missing: Sequence[str], paid: _Paid) -> str:
+        """The draft summary again, with the identifiers it lost: one call that reads the
+        draft (as the summary to update) and the lines of the span that named them
+        (:func:`~.retention.excerpts`), not the whole span a second time. Span text with none
+        of them (cannot happen for identifiers taken from the span) falls back to the whole
+        span, as the first call read it."""
+        messages = [i.message for g in groups for i in g if i.kind == "message"]
+        found = excerpts(messages, missing, width=REPAIR_EXCERPT_CHARS)
+        if not found:
+            return self.chain(summarizer, groups, previous, missing, paid)
+        lines = [Message(role=messages[index].role,
+                         content=f"(excerpt of the span: where it named identifiers the summary "
+                                 f"must keep)\n{text}")
+                 for index, text in found]
+        summary = summarizer.summarize(lines, previous_summary=draft, must_keep=missing)
+        paid.usage = paid.usage + summary.usage
+        return summary.text
 
 
 def _for_summarizer(item: WindowItem) -> Message:

@@ -38,6 +38,7 @@ from .messages import Message, TextBlock, ToolUseBlock
 __all__ = [
     "RetentionResult",
     "check_retention",
+    "excerpts",
     "extract_identifiers",
     "find_identifiers",
     "mentions",
@@ -227,13 +228,61 @@ def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
     return ranked[:limit]
 
 
+def _token_pattern(identifier: str) -> re.Pattern[str]:
+    head = r"(?<![\w])" if re.match(r"\w", identifier) else ""
+    tail = r"(?![\w])" if re.search(r"\w$", identifier) else ""
+    return re.compile(head + re.escape(identifier) + tail)
+
+
 def mentions(text: str, identifier: str) -> bool:
     """True if ``text`` names ``identifier`` as a whole token (``#12`` is not in ``#123``)."""
     if not identifier:
         return False
-    head = r"(?<![\w])" if re.match(r"\w", identifier) else ""
-    tail = r"(?![\w])" if re.search(r"\w$", identifier) else ""
-    return re.search(head + re.escape(identifier) + tail, text) is not None
+    return _token_pattern(identifier).search(text) is not None
+
+
+def excerpts(messages: Sequence[Message], identifiers: Sequence[str], *,
+             width: int = 160) -> list[tuple[int, str]]:
+    """Where ``messages`` last named each of ``identifiers``: ``(message index, excerpt)``.
+
+    The excerpt is the line of authored text (read as :func:`extract_identifiers` reads it)
+    that holds the latest mention, cut to ``width`` characters either side of it (``…`` marks a
+    cut). Excerpts of one message are joined, in the order of the message, one per line and
+    each line once; messages come in span order. An identifier no message names (the caller
+    asked for one from elsewhere) has no excerpt. This is what a summary repair reads instead
+    of the whole span again: the places the missing identifiers came from, in context.
+    """
+    if width < 1:
+        raise ValueError(f"width must be at least 1, got {width}")
+    wanted = [i for i in dict.fromkeys(identifiers) if i]
+    found: dict[int, dict[tuple[int, int], str]] = {}  # message -> (text, start) -> excerpt
+    for identifier in wanted:
+        pattern = _token_pattern(identifier)
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if isinstance(message, EarlierFold):
+                continue
+            hit = None
+            for t, text in enumerate(_authored_text(message)):
+                for m in pattern.finditer(text):
+                    hit = (t, text, m.start(), m.end())
+            if hit is None:
+                continue
+            t, text, start, end = hit
+            line_start = text.rfind("\n", 0, start) + 1
+            line_end = text.find("\n", end)
+            line_end = len(text) if line_end < 0 else line_end
+            cut_start = max(line_start, start - width)
+            cut_end = min(line_end, end + width)
+            excerpt = text[cut_start:cut_end].strip()
+            if cut_start > line_start:
+                excerpt = "…" + excerpt
+            if cut_end < line_end:
+                excerpt += "…"
+            found.setdefault(index, {})[(t, cut_start)] = excerpt
+            break
+    return [(index, "\n".join(dict.fromkeys(found[index][key] for key in sorted(found[index]))))
+            for index in sorted(found)]
 
 
 def check_retention(summary_text: str, identifiers: Sequence[str],

@@ -279,10 +279,37 @@ def test_a_lossy_summary_is_asked_for_once_more_with_the_missing_identifiers() -
     summarizer = Scripted(reply=forgetful_then_careful)
     result = fold_window(items(conversation(14)), POLICY, summarizer)
     assert len(summarizer.calls) == 2
-    assert summarizer.calls[0].must_keep == ()
-    assert "TICKET-101" in summarizer.calls[1].must_keep
+    first, repair = summarizer.calls
+    assert first.must_keep == ()
+    assert "TICKET-101" in repair.must_keep
     assert result.record.outcome == "folded"
     assert result.spans[0].usage.calls == 2 and not result.spans[0].lost_identifiers
+    # The repair reads the draft as the summary to update and the lines that named what it
+    # lost, not the whole span (and its tool output) a second time.
+    assert repair.previous == "nothing specific"
+    span_chars = sum(len(m.to_json().__repr__()) for m in first.messages)
+    repair_chars = sum(len(m.to_json().__repr__()) for m in repair.messages)
+    assert repair_chars * 5 < span_chars
+    assert not any(m.has_tool_results() for m in repair.messages)
+    text = "\n".join(m.text() for m in repair.messages)
+    assert all(k in text for k in repair.must_keep)
+
+
+def test_a_repair_that_keeps_less_than_the_draft_leaves_the_draft() -> None:
+    def careful_then_worse(call: Call, number: int) -> str:
+        if number == 1:  # most of the span's identifiers, but not enough
+            ids = keeps_everything(call, number).split()
+            return " ".join(ids[: len(ids) * 3 // 4])
+        return "nothing specific"
+
+    summarizer = Scripted(reply=careful_then_worse)
+    policy = FoldPolicy(budget_tokens=10_000, layers=("summarize",), keep_recent_turns=2,
+                        retention_min=0.9)
+    result = fold_window(items(conversation(14)), policy, summarizer)
+    assert len(summarizer.calls) == 2
+    refused = [r for r in result.record.refusals if r.reason == "retention-check-failed"]
+    # The draft kept more than the repair: its ratio is the one reported.
+    assert len(refused) == 1 and "identifiers (0.7" in refused[0].detail
 
 
 def test_a_summary_that_keeps_losing_identifiers_is_refused_and_latched() -> None:

@@ -19,6 +19,7 @@ from sessionfold.core.messages import (
 )
 from sessionfold.core.retention import (
     check_retention,
+    excerpts,
     extract_identifiers,
     find_identifiers,
     mentions,
@@ -299,3 +300,54 @@ def test_remembered_results_are_copies() -> None:
     first = find_identifiers(text)
     first.append("mutated")
     assert find_identifiers(text) == ["ACCT-8842", "docs/runbook.md"]
+
+
+# --- excerpts: what a summary repair reads ---------------------------------------------------
+
+def test_excerpts_take_the_latest_mention_in_its_line_and_cut_long_lines() -> None:
+    messages = [
+        Message(role="user", content="Fix ACCT-8842 first.\nUnrelated line."),
+        Message(role="assistant", content=[
+            TextBlock(text="Looking again at ACCT-8842: it is in billing/refunds.py now."),
+            ToolUseBlock(id="t1", name="bash", input={"command": "cat billing/refunds.py"}),
+        ]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1",
+                                                      content="ACCT-8842 in raw output")]),
+        Message(role="assistant", content="x" * 500 + " PROJ-12 " + "y" * 500),
+    ]
+    found = dict(excerpts(messages, ["ACCT-8842", "billing/refunds.py", "PROJ-12", "GH-1"],
+                          width=40))
+    # Raw tool output is not authored text; the latest authored mention wins.
+    assert set(found) == {1, 3}
+    assert found[1].splitlines()[0] == ("Looking again at ACCT-8842: it is in "
+                                        "billing/refunds.py now.")
+    # The tool call's input holds the latest mention of the path: its own line.
+    assert found[1].splitlines()[1] == "cat billing/refunds.py"
+    assert found[3] == "…" + "x" * 39 + " PROJ-12 " + "y" * 39 + "…"
+    assert excerpts(messages, ["GH-1"]) == []  # named nowhere: no excerpt
+
+
+def test_excerpts_match_whole_tokens_and_skip_earlier_folds() -> None:
+    earlier = summary_message("Earlier: #12 was closed.", start_seq=2, end_seq=3,
+                              message_count=2, model="m", retained=True)
+    messages = [Message(role="user", content="see #123 and #12."),
+                Message(role="assistant", content="#1234 only"),
+                EarlierFold.of(WindowItem(start_seq=2, end_seq=3, kind="summary",
+                                          message=earlier))]
+    assert excerpts(messages, ["#12"]) == [(0, "see #123 and #12.")]
+    assert excerpts(messages, ["#12"], width=3) == [(0, "…nd #12.")]
+    with pytest.raises(ValueError, match="width"):
+        excerpts(messages, ["#12"], width=0)
+
+
+def test_excerpts_cover_every_missing_identifier_of_a_real_transcript() -> None:
+    for path in all_transcripts():
+        conversation = load_conversation_file(path)
+        messages = list(conversation.messages)
+        ids = extract_identifiers(messages, limit=40)
+        found = excerpts(messages, ids)
+        text = "\n".join(t for _, t in found)
+        assert all(mentions(text, i) for i in ids), path.name
+        # Far smaller than the conversation the identifiers came from.
+        whole = sum(len(str(m.to_json())) for m in messages)
+        assert len(text) * 5 < whole, path.name
