@@ -47,7 +47,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .economics import FoldEconomics, FoldShape, decide
+from .economics import NOTHING_TO_PRICE, FoldEconomics, FoldShape, decide
 from .errors import (
     InvalidInputError,
     InvalidMessageError,
@@ -801,7 +801,9 @@ def fold_window(
         folded=tuple((s.start_seq, s.end_seq) for s in planner.spans),
         chars_after=sum(sizes.chars(i) for i in planner.items),
         summarizer_usage=planner.usage, refusals=refusals, detail=detail,
-        economics=choice.to_json() if choice is not None else None,
+        economics=(choice.to_json() if choice is not None
+                   else {"why": NOTHING_TO_PRICE, "fold": False, "window_tokens": round(before)}
+                   if priced else None),
     ), list(planner.spans), planner.error)
 
 

@@ -32,8 +32,9 @@ never above the policy's, so a session whose cost-optimal cycle is shorter than
 trigger-to-target (a large budget: waiting for 54 k of a 64 k window costs more in cache reads
 than folding at ~20 k costs in cache writes) is folded earlier, and a fold refused as not paying
 is not tried again until it would pay. A new session (or one whose policy changed) is first
-visited at the policy's target (:func:`opening_trigger_tokens`): nothing is priced yet, and
-below the target no fold is offered at all.
+visited at half the policy's target (:func:`opening_trigger_tokens`): nothing is priced yet,
+and that first priced visit names T*; one that finds nothing it could fold yet (its figures say
+``nothing-to-price``) sets the next visit at twice its window, up to the target.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ from .errors import InvalidInputError
 from .policy import FoldPolicy
 from .window import CompactionRecord
 
-__all__ = ["FoldEconomics", "FoldShape", "ceiling_tokens", "decide", "next_trigger_tokens",
-           "opening_trigger_tokens"]
+__all__ = ["NOTHING_TO_PRICE", "FoldEconomics", "FoldShape", "ceiling_tokens", "decide",
+           "next_trigger_tokens", "opening_trigger_tokens"]
+
+#: The ``why`` of a priced visit's figures when no fold was on offer (nothing could fold yet):
+#: the record's ``economics`` is then ``{"why": NOTHING_TO_PRICE, "fold": False,
+#: "window_tokens": …}``.
+NOTHING_TO_PRICE = "nothing-to-price"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,17 +135,19 @@ def decide(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape) -> Fo
 def opening_trigger_tokens(policy: FoldPolicy) -> int:
     """The trigger of a new session, or of one whose policy just changed.
 
-    ``economics="window"``: the policy's trigger. ``"dollars"``: the policy's target, the
-    smallest window the planner offers any fold for. Nothing has been priced yet, and waiting
-    for the trigger would leave a session at a large budget (where the cost-optimal cycle is
-    shorter than trigger-to-target) reading up to 85 % of its budget from the cache on every
-    call until its first fold. The first visit is priced like any: it folds if that pays, and
-    is otherwise refused as ``would-not-pay`` and sets the next visit where the fold will
-    (:func:`next_trigger_tokens`), one refused visit per session at most.
+    ``economics="window"``: the policy's trigger. ``"dollars"``: half the policy's target.
+    Nothing has been priced yet, and the cost-optimal cycle is not known before a visit prices
+    one: at a large budget it folds far below the target (B1 at 64k: most cycles near 20k, a
+    target of 38,400), so waiting for the target, let alone the trigger, leaves a session
+    reading up to that much more from the cache on every call until its first fold. A visit
+    that is too early costs no summarizer call: the first one is priced like any, folds if that
+    pays, and is otherwise refused as ``would-not-pay`` and sets the next visit where the fold
+    will (:func:`next_trigger_tokens`); one that finds nothing it could fold yet (everything
+    protected) sets the next at twice the window, up to the target.
     """
     if policy.economics != "dollars":
         return policy.trigger_tokens
-    return min(policy.target_tokens, policy.trigger_tokens)
+    return max(1, min(policy.target_tokens, policy.trigger_tokens) // 2)
 
 
 def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | None:
@@ -155,8 +163,11 @@ def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | N
 
     T* is kept as the plan priced it, not moved with the window the fold really left: the next
     visit is priced by the same estimates, so a trigger carried over to a fold that went deeper
-    than planned would only bring a visit that is refused as too early. Otherwise
-    (``at-target``, nothing could fold) the policy's trigger.
+    than planned would only bring a visit that is refused as too early. A visit below the
+    target that had nothing to price (nothing could fold yet: the window is the protected
+    recent turns, or a small head) probes again at twice its window, at most the target, so a
+    young session's visits grow geometrically (a few at most). Otherwise (``at-target``,
+    nothing could fold) the policy's trigger.
 
     Always at most the policy's trigger (the budget's promise) and above the size the visit left
     (a session is never due again without growing).
@@ -167,6 +178,11 @@ def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | N
     choice = record.economics
     if policy.economics != "dollars" or not choice:
         return trigger
+    if choice.get("why") == NOTHING_TO_PRICE:
+        if record.measured_tokens >= policy.target_tokens:
+            return trigger
+        return min(trigger, policy.target_tokens, max(2 * record.measured_tokens,
+                                                      record.measured_tokens + 1))
     chosen = choice.get("chosen") or {}
     why = choice.get("why")
     try:

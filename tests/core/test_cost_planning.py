@@ -269,14 +269,14 @@ def test_the_next_trigger_is_the_policys_unless_a_priced_visit_set_it_and_none_a
     assert next_trigger_tokens(pol, at_target) == pol.trigger_tokens
 
 
-def test_a_priced_session_is_first_visited_at_its_target_and_a_window_one_at_its_trigger(
+def test_a_priced_session_is_first_visited_at_half_its_target_and_a_window_one_at_its_trigger(
 ) -> None:
     pol = FoldPolicy(budget_tokens=64_000)
-    assert opening_trigger_tokens(pol) == pol.target_tokens == 38_400
+    assert opening_trigger_tokens(pol) == pol.target_tokens // 2 == 19_200
     windowed = pol.model_copy(update={"economics": "window"})
     assert opening_trigger_tokens(windowed) == windowed.trigger_tokens == 54_400
-    # The first visit at the target is priced: a deep fold that pays is taken there, long
-    # before the policy's trigger (the window, ~63k, is its cost-optimal trigger's 1.6x).
+    # The first visit is priced: a deep fold that pays is taken there, long before the
+    # policy's trigger (the window, ~63k, is its cost-optimal trigger's 1.6x).
     big = policy(SUMMARIZE, over=0.62)  # the window is just past the target
     assert big.target_tokens < SIZE < big.trigger_tokens
     first = fold_window(ITEMS, big, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
@@ -287,6 +287,31 @@ def test_a_priced_session_is_first_visited_at_its_target_and_a_window_one_at_its
     # Without the opening trigger the same visit would wait.
     assert fold_window(ITEMS, big, ExtractiveSummarizer(), counter=COUNTER,
                        trigger="threshold", economics=WARM).record.outcome == "nothing-to-fold"
+
+
+def test_a_priced_visit_with_nothing_to_fold_yet_probes_again_at_twice_its_window() -> None:
+    # A young session: the task and the protected recent turns, nothing foldable.
+    young = ITEMS[:5]
+    size = sum(COUNTER.message(i.message) for i in young)
+    pol = FoldPolicy(budget_tokens=size * 8, layers=SUMMARIZE)
+    assert 2 * size < pol.target_tokens
+    result = fold_window(young, pol, ExtractiveSummarizer(), counter=COUNTER,
+                         trigger="threshold", economics=WARM, trigger_tokens=size // 2)
+    record = result.record
+    assert result.edit.empty and record.outcome == "nothing-to-fold"
+    assert record.economics == {"why": "nothing-to-price", "fold": False,
+                                "window_tokens": record.measured_tokens}
+    assert next_trigger_tokens(pol, record) == 2 * record.measured_tokens
+    # Never past the target (then the policy's trigger, as for any visit with no figures).
+    near = record.model_copy(update={"measured_tokens": pol.target_tokens - 10})
+    assert next_trigger_tokens(pol, near) == pol.target_tokens
+    past = record.model_copy(update={"measured_tokens": pol.target_tokens})
+    assert next_trigger_tokens(pol, past) == pol.trigger_tokens
+    # The same visit unpriced (no prices) has no figures, and waits for the policy's trigger.
+    unpriced = fold_window(young, pol, ExtractiveSummarizer(), counter=COUNTER,
+                           trigger="threshold", trigger_tokens=size // 2).record
+    assert unpriced.economics is None
+    assert next_trigger_tokens(pol, unpriced) == pol.trigger_tokens
 
 
 @given(after=st.integers(0, 200_000), growth=st.floats(0, 1e6), why=st.sampled_from(

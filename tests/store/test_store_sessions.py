@@ -16,9 +16,10 @@ def test_a_created_session_starts_empty_and_reads_back(store: SessionStore) -> N
     assert (info.id, info.policy, info.system) == ("agent-1", POLICY, "You are terse.")
     assert (info.revision, info.ledger_len, info.fold_epoch, info.window_tokens) == (0, 0, 0, 0)
     assert info.system_tokens > 0 and info.current_tokens == info.system_tokens
-    # Priced (economics="dollars", the default): first visited at the target, where the cost
-    # model can first offer a fold; economics="window" waits for the policy's trigger.
-    assert info.trigger_tokens == POLICY.target_tokens and not info.over_trigger
+    # Priced (economics="dollars", the default): first visited at half the target, where the
+    # first priced visit names the cost-optimal trigger; economics="window" waits for the
+    # policy's trigger.
+    assert info.trigger_tokens == POLICY.target_tokens // 2 and not info.over_trigger
     assert store.get_session("agent-1") == info
     windowed = store.create_session("agent-2", POLICY.model_copy(update={"economics": "window"}))
     assert windowed.trigger_tokens == POLICY.trigger_tokens
@@ -79,9 +80,9 @@ def test_policy_changes_move_the_trigger(store: SessionStore) -> None:
                                      economics="window"))
     info = store.get_session("a")
     assert info.policy.budget_tokens == 8000 and info.trigger_tokens == 4000
-    # A priced policy opens at its target again (nothing priced under it yet).
+    # A priced policy opens at half its target again (nothing priced under it yet).
     store.set_policy("a", FoldPolicy(budget_tokens=8000, trigger_ratio=0.5, target_ratio=0.25))
-    assert store.get_session("a").trigger_tokens == 2000
+    assert store.get_session("a").trigger_tokens == 1000
 
 
 def test_over_trigger_finds_unpaused_sessions_past_their_trigger_most_over_first(

@@ -15,13 +15,16 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from sessionfold.core.cost import DEFAULT_PRICES
+from sessionfold.core.economics import opening_trigger_tokens
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.core.window import SummarizerUsage
 from sessionfold.store.results import SessionInfo
+from sessionfold.store.schema import sessions
 from sessionfold.store.store import SessionStore
 from sessionfold.workers.fold_procedure import FoldJob, run_fold
 from sessionfold.workers.keys import Keys
@@ -113,6 +116,16 @@ def new_session(store: SessionStore, sid: str, steps: int = 2, budget: int = BUD
     return store.get_session(sid)
 
 
+def trigger_at_policys(store: SessionStore, *sids: str) -> None:
+    """Store the policy's trigger as these sessions' own (what a priced visit that found the
+    fold not paying before it leaves): a new session opens far lower, at half the target."""
+    for sid in sids:
+        policy = store.get_session(sid).policy
+        with store.engine.begin() as conn:
+            conn.execute(sa.update(sessions).where(sessions.c.id == sid)
+                         .values(trigger_tokens=policy.trigger_tokens))
+
+
 def call(info: SessionInfo, tokens: int, at: float) -> UsageEvent:
     return UsageEvent(session_id=info.id, seq=info.ledger_len - 1, revision=info.revision,
                       input_tokens=tokens, model="claude-sonnet-4-5", time=at)
@@ -172,6 +185,7 @@ def test_the_idle_sweep_enqueues_an_idle_session_over_its_idle_trigger_and_not_a
     busy = new_session(sqlite_store, "busy")
     small = new_session(sqlite_store, "small")
     windowed = new_session(sqlite_store, "windowed", economics="window")
+    trigger_at_policys(sqlite_store, "idle", "busy", "small")
     lifetime = settings.cache_cold_after_s
     assert lifetime == 300
     # All between the idle trigger (5,000) and the trigger (8,500): no threshold job.
@@ -200,6 +214,7 @@ def test_the_idle_sweep_enqueues_an_idle_session_over_its_idle_trigger_and_not_a
 
 def test_an_idle_job_is_judged_by_the_idle_trigger_alone(sqlite_store: SessionStore) -> None:
     info = new_session(sqlite_store, "s1")
+    trigger_at_policys(sqlite_store, "s1")
     sqlite_store.record_usage("s1", {"input_tokens": 6_000}, seq=info.ledger_len - 1,
                               revision=info.revision)
     info = sqlite_store.get_session("s1")
@@ -270,7 +285,8 @@ def test_a_priced_fold_moves_the_sessions_trigger_to_its_cycles_optimum_and_the_
     pricing = fold_pricing(make_settings())
     new_session(sqlite_store, "s1", steps=40, budget=90_000)
     policy = sqlite_store.get_session("s1").policy
-    assert sqlite_store.get_session("s1").trigger_tokens == policy.target_tokens  # opening
+    opening = sqlite_store.get_session("s1").trigger_tokens
+    assert opening == opening_trigger_tokens(policy) == policy.target_tokens // 2
     report(sqlite_store, "s1", 77_000)  # past the trigger (76,500)
     folded = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j1"), pricing=pricing)
     assert folded.outcome == "folded" and folded.record is not None
@@ -300,9 +316,9 @@ def test_a_priced_fold_moves_the_sessions_trigger_to_its_cycles_optimum_and_the_
     again = run_fold(sqlite_store, ExtractiveSummarizer(), FoldJob("s1", "j2"), pricing=pricing)
     assert again.outcome == "folded" and again.record is not None
     assert again.record.economics is not None and again.record.economics["why"] == "pays"
-    # A policy change opens at the target again (nothing priced under the new policy yet).
+    # A policy change opens low again (nothing priced under the new policy yet).
     sqlite_store.set_policy("s1", policy.model_copy(update={"keep_recent_turns": 3}))
-    assert sqlite_store.get_session("s1").trigger_tokens == policy.target_tokens
+    assert sqlite_store.get_session("s1").trigger_tokens == opening
 
 
 def test_an_unpriced_visit_waits_for_the_policys_trigger_whatever_the_stored_one_says(
