@@ -457,6 +457,45 @@ def make_hot(store: SessionStore, corpus: Corpus, count: int, offset: int) -> li
     return sids
 
 
+# --- the footprint of rows appended through the API --------------------------------------------
+
+
+def footprint(admin_url: str, sessions: int, keep: bool) -> dict[str, Any]:
+    """Bytes of database per ledger row when every row comes through ``SessionStore.append``,
+    in a fresh database of its own.
+
+    The fillers are COPYed into the ledger and the window only, so their bytes per row leave out
+    what an append also writes: the search chunks and their full-text index, the tool-use id
+    rows and the append keys. Here ``sessions`` sessions each replay the corpus turn by turn,
+    one keyed append a turn (an agent's call: its tool call and the result), then the tables
+    are vacuumed and measured. Folds are not run (a fold's record and span are a few rows per
+    fold, not per ledger row)."""
+    with fresh_database(admin_url, keep) as url:
+        store = SessionStore.from_url(url)
+        store.migrate()
+        corpus = build_corpus(store)
+        start = time.perf_counter()
+        appends = 0
+        for n in range(sessions):
+            sid = f"footprint-{n:04d}"
+            store.create_session(sid, HOT_POLICY, system=corpus.system)
+            store.append(sid, [json.loads(corpus.task.ledger_json)], key=f"{sid}-task")
+            for t, turn in enumerate(corpus.turns):
+                store.append(sid, turn_messages(turn, f"f{n}-{t}"), key=f"{sid}-{t}")
+                appends += 1
+        seconds = time.perf_counter() - start
+        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM (ANALYZE)")
+        sizes, rows = table_sizes(store), row_counts(store)
+        with store.engine.connect() as conn:
+            version = str(conn.execute(sa.text("SHOW server_version")).scalar_one())
+        store.close()
+    ledger_rows = max(1, rows["ledger"])
+    return {"postgres": version, "sessions": sessions, "appends": appends,
+            "append_s": seconds, "rows": rows,
+            "bytes": sizes, "bytes per ledger row": _store_bytes({"bytes": sizes}) / ledger_rows}
+
+
 # --- timing --------------------------------------------------------------------------------------
 
 
@@ -698,12 +737,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-free-gb", type=float, default=20.0,
                         help="never load past leaving this much free on the server's disk")
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--footprint-sessions", type=int, default=10,
+                        help="sessions appended through the API to measure what a ledger row "
+                             "takes with everything an append writes (0: skip)")
+    parser.add_argument("--footprint-only", action="store_true",
+                        help="measure only that footprint (no fleet-size load)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = parser.parse_args(argv)
     if not 0 < args.small_rows <= args.rows or args.sessions < 1:
         parser.error("need 0 < --small-rows <= --rows and --sessions >= 1")
-    result = run(args)
-    text = report(result)
+    if args.footprint_sessions < (1 if args.footprint_only else 0):
+        parser.error("--footprint-sessions must be >= 0 (>= 1 with --footprint-only)")
+    if args.footprint_only:
+        result: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds")}
+    else:
+        result = run(args)
+    if args.footprint_sessions:
+        result["footprint"] = footprint(args.database_url, args.footprint_sessions, args.keep)
+        result.setdefault("postgres", result["footprint"]["postgres"])
+    text = report(result) if "phases" in result else ""
+    if "footprint" in result:
+        f = result["footprint"]
+        text += (f"Through the API ({f['sessions']} sessions, {f['appends']:,} keyed appends, "
+                 f"{f['rows']['ledger']:,} ledger rows, {f['rows']['ledger_chunks']:,} search "
+                 f"chunks): {f['bytes per ledger row']:,.0f} bytes of database per ledger row "
+                 "(" + ", ".join(f"{t} {b / 2**20:,.1f} MB" for t, b in sorted(
+                     f["bytes"].items(), key=lambda kv: -kv[1]) if b > 1 << 20) + ").\n")
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,13 @@ What it reads, and from which benchmark:
 - folds per model call, summarizer calls per fold and summarizer tokens per call (B1,
   ``bench/bench_replay.py``, ``bench/out/b1/runs.json``: sessionfold-background at the chosen
   budget over the shipped transcripts);
-- ledger rows per call and bytes per ledger row (the shipped transcripts themselves).
+- ledger rows per call and bytes per ledger row (the shipped transcripts themselves);
+- the database's bytes per ledger row, everything an append writes (``bench/bench_pg_scale.py
+  --footprint-only --out bench/out/pg-footprint.json``; without it storage is assumed at
+  ``ROW_OVERHEAD`` × the ledger JSON).
+
+``--collect`` keeps the figures of any benchmark whose JSON is not under bench/out/ from the
+inputs file as it was (and says so), so one re-run benchmark refreshes its own figures alone.
 
 What it assumes is printed beside what it measured, so either can be changed (``--agents``,
 ``--call-interval-s``, ``--budget``, and the constants below).
@@ -74,23 +80,52 @@ class Inputs:
     ledger_rows_per_call: float
     bytes_per_ledger_row: float
     transcripts_source: str
+    #: The database's size per ledger row, measured at fleet size (None: not measured, the
+    #: storage is then ROW_OVERHEAD × the ledger JSON).
+    db_bytes_per_ledger_row: float | None = None
+    db_source: str = ""
 
 
-def collect(budget: int) -> Inputs:
-    """Read the benchmarks' JSON under bench/out/ (and the shipped transcripts)."""
-    profile = _load(OUT / "profile-fold.json", "bench/profile_fold.py --json "
-                    "bench/out/profile-fold.json")
-    largest = max(profile, key=lambda r: r["items"])
-    scheduler = _load(OUT / "scheduler.json", "bench/bench_scheduler.py --processes 1,2,4 "
-                      "--json bench/out/scheduler.json")
-    pipeline = _load(OUT / "pipeline.json", "bench/bench_pipeline.py --json "
-                     "bench/out/pipeline.json")
-    b1 = _load(OUT / "b1" / "runs.json", "bench/bench_replay.py --out bench/out/b1")
-    totals = next(t for t in b1["totals"]
-                  if t["system"] == "sessionfold-background" and t["budget"] == budget)
-    calls = totals["calls"]
-    folds = max(1, totals["prefix_breaks"])
-    summarizer_calls = max(1, totals["summarizer_calls"])
+def collect(budget: int, previous: dict[str, Any] | None = None) -> Inputs:
+    """Read the benchmarks' JSON under bench/out/ (and the shipped transcripts).
+
+    A benchmark whose JSON is missing keeps its figures (and their sources) from ``previous``,
+    the inputs file as it was, so one re-run benchmark refreshes its own figures alone; with
+    nothing to keep the missing JSON is an error naming the command that makes it.
+    """
+    previous = previous or {}
+    found: dict[str, Any] = {}
+
+    def group(name: str, path: Path, how: str, fields: tuple[str, ...],
+              read: Any) -> None:
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        if path.exists():
+            found.update(read(json.loads(path.read_text(encoding="utf-8"))))
+        elif all(f in previous for f in fields):
+            print(f"capacity: {shown} is missing; keeping the {name} figures "
+                  "of the inputs file", file=sys.stderr)
+            found.update({f: previous[f] for f in fields})
+        else:
+            raise SystemExit(f"capacity: {shown} is missing; run `{how}` first")
+
+    group("fold CPU", OUT / "profile-fold.json",
+          "bench/profile_fold.py --json bench/out/profile-fold.json",
+          ("fold_cpu_s", "fold_cpu_source"), _fold_cpu)
+    group("scheduler", OUT / "scheduler.json",
+          "bench/bench_scheduler.py --processes 1,2,4 --json bench/out/scheduler.json",
+          ("scheduler_events_per_s", "scheduler_source"),
+          lambda data: {"scheduler_events_per_s": _scheduler_rates(data),
+                        "scheduler_source": "bench/bench_scheduler.py --processes 1,2,4 "
+                                            "(events/s, all processes together)"})
+    group("Redis", OUT / "pipeline.json",
+          "bench/bench_pipeline.py --json bench/out/pipeline.json",
+          ("redis_bytes_per_session", "redis_bytes_per_event", "redis_source"), _redis)
+    group("B1", OUT / "b1" / "runs.json", "bench/bench_replay.py --out bench/out/b1",
+          ("folds_per_call", "summarizer_calls_per_fold", "summarizer_in_per_call",
+           "summarizer_out_per_call", "b1_source"), lambda data: _b1(data, budget))
+    group("PostgreSQL", OUT / "pg-footprint.json",
+          "bench/bench_pg_scale.py --footprint-only --out bench/out/pg-footprint.json",
+          ("db_bytes_per_ledger_row", "db_source"), _pg_footprint)
     rows, size, assistant = 0, 0, 0
     for path in sorted(TRANSCRIPTS.glob("*.json")):
         messages = json.loads(path.read_text(encoding="utf-8"))["messages"]
@@ -98,27 +133,59 @@ def collect(budget: int) -> Inputs:
         size += sum(len(json.dumps(m, ensure_ascii=False).encode()) for m in messages)
         assistant += sum(1 for m in messages if m["role"] == "assistant")
     return Inputs(
-        fold_cpu_s=largest["cpu_median_ms"] / 1000,
-        fold_cpu_source=f"bench/profile_fold.py: median CPU of one fold of a "
-                        f"{largest['items']}-message window ({largest['folds']} folds)",
-        scheduler_events_per_s=_scheduler_rates(scheduler),
-        scheduler_source="bench/bench_scheduler.py --processes 1,2,4 (events/s, all "
-                         "processes together)",
-        redis_bytes_per_session=float(pipeline["lag"]["redis bytes/session"]),
-        redis_bytes_per_event=float(pipeline["lag"]["stream bytes/event"]),
-        redis_source=f"bench/bench_pipeline.py, {pipeline['lag']['sessions']} sessions: MEMORY "
-                     "USAGE of each measured-size hash and of the usage streams",
-        folds_per_call=folds / calls,
-        summarizer_calls_per_fold=summarizer_calls / folds,
-        summarizer_in_per_call=totals["summarizer_input"] / summarizer_calls,
-        summarizer_out_per_call=totals["summarizer_output"] / summarizer_calls,
-        b1_source=f"B1 sessionfold-background at {budget:,} tokens: {folds} folds and "
-                  f"{summarizer_calls} summarizer calls over {calls} model calls",
+        **found,
         ledger_rows_per_call=rows / max(1, assistant),
         bytes_per_ledger_row=size / max(1, rows),
         transcripts_source=f"the {len(list(TRANSCRIPTS.glob('*.json')))} shipped transcripts: "
                            f"{rows} messages, {assistant} model calls",
     )
+
+
+def _fold_cpu(profile: Any) -> dict[str, Any]:
+    largest = max(profile, key=lambda r: r["items"])
+    return {"fold_cpu_s": largest["cpu_median_ms"] / 1000,
+            "fold_cpu_source": f"bench/profile_fold.py: median CPU of one fold of a "
+                               f"{largest['items']}-message window ({largest['folds']} folds)"}
+
+
+def _redis(pipeline: Any) -> dict[str, Any]:
+    lag = pipeline["lag"]
+    return {"redis_bytes_per_session": float(lag["redis bytes/session"]),
+            "redis_bytes_per_event": float(lag["stream bytes/event"]),
+            "redis_source": f"bench/bench_pipeline.py, {lag['sessions']} sessions: MEMORY USAGE "
+                            "of each measured-size hash and of the usage streams"}
+
+
+def _b1(b1: Any, budget: int) -> dict[str, Any]:
+    totals = next(t for t in b1["totals"]
+                  if t["system"] == "sessionfold-background" and t["budget"] == budget)
+    calls = totals["calls"]
+    folds = max(1, totals["prefix_breaks"])
+    summarizer_calls = max(1, totals["summarizer_calls"])
+    return {"folds_per_call": folds / calls,
+            "summarizer_calls_per_fold": summarizer_calls / folds,
+            "summarizer_in_per_call": totals["summarizer_input"] / summarizer_calls,
+            "summarizer_out_per_call": totals["summarizer_output"] / summarizer_calls,
+            "b1_source": f"B1 sessionfold-background at {budget:,} tokens: {folds} folds and "
+                         f"{summarizer_calls} summarizer calls over {calls} model calls"}
+
+
+#: The tables that grow with every ledger row for as long as the session lives (windows,
+#: session rows and append keys are bounded per session or pruned: ``sessionfold prune``).
+LEDGER_TABLES = ("ledger", "ledger_chunks", "tool_use_ids")
+
+
+def _pg_footprint(data: Any) -> dict[str, Any]:
+    f = data["footprint"]
+    rows = f["rows"]["ledger"]
+    grown = sum(f["bytes"][t] for t in LEDGER_TABLES if t in f["bytes"])
+    return {"db_bytes_per_ledger_row": grown / max(1, rows),
+            "db_source": f"bench/bench_pg_scale.py --footprint-only: the ledger, its search "
+                         f"chunks and tool-use ids (heap, TOAST, indexes) of {rows:,} ledger rows "
+                         f"appended through the API ({f['sessions']} sessions, "
+                         f"{f['appends']:,} keyed appends), PostgreSQL "
+                         f"{data['postgres'].split()[0]}, {data['started'][:10]}; windows, "
+                         "session rows and append keys are bounded per session and left out"}
 
 
 def _scheduler_rates(data: Any) -> dict[str, float]:
@@ -171,7 +238,8 @@ def plan(inputs: Inputs, agents: int, call_interval_s: float) -> Plan:
     redis = agents * inputs.redis_bytes_per_session + stream_entries * inputs.redis_bytes_per_event
     shards = max(1, math.ceil(redis / (REDIS_SHARD_BYTES * UTILISATION)))
     rows_day = events * 86_400 * inputs.ledger_rows_per_call
-    storage_day = rows_day * inputs.bytes_per_ledger_row * ROW_OVERHEAD
+    storage_day = rows_day * (inputs.db_bytes_per_ledger_row
+                              or inputs.bytes_per_ledger_row * ROW_OVERHEAD)
     # Each call's messages are one or two appends (a transaction each), each fold one commit;
     # usage reports reach the store in the scheduler's batches (one statement per batch).
     writes = events * inputs.ledger_rows_per_call + folds
@@ -236,6 +304,11 @@ def document(inputs: Inputs, plans: list[Plan], call_interval_s: float, budget: 
         f"- **Store rows**: {inputs.ledger_rows_per_call:.2f} ledger rows per model call, "
         f"{inputs.bytes_per_ledger_row:,.0f} bytes of JSON per row "
         f"({inputs.transcripts_source}).",
+        *([f"- **PostgreSQL storage**: {inputs.db_bytes_per_ledger_row:,.0f} bytes of database "
+           f"per ledger row ({inputs.db_source}). Append, read, usage and fold commit "
+           "latencies were flat between 0.1 M and 10 M ledger rows (bench/RESULTS.md, "
+           "\"PostgreSQL at fleet size\")."]
+          if inputs.db_bytes_per_ledger_row else []),
         "",
         "## What was assumed",
         "",
@@ -244,9 +317,11 @@ def document(inputs: Inputs, plans: list[Plan], call_interval_s: float, budget: 
         "million input / output tokens (a Haiku-class model; `SESSIONFOLD_PRICES` sets yours).",
         f"- A Redis shard of {_size(REDIS_SHARD_BYTES)}; a stream backlog of at most a minute "
         "of events.",
-        f"- PostgreSQL storage {ROW_OVERHEAD:g}× the ledger JSON (the window item, the search "
-        "chunks, indexes, page fill); one write transaction per appended message and per fold "
-        "commit (usage reports are batched by the scheduler).",
+        *([] if inputs.db_bytes_per_ledger_row else [
+            f"- PostgreSQL storage {ROW_OVERHEAD:g}× the ledger JSON (the window item, the "
+            "search chunks, indexes, page fill)."]),
+        "- One PostgreSQL write transaction per appended message and per fold commit (usage "
+        "reports are batched by the scheduler).",
         "",
         "## When to add the next one",
         "",
@@ -284,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.call_interval_s <= 0 or any(a <= 0 for a in agents):
         parser.error("--agents and --call-interval-s must be positive")
     if args.collect:
-        inputs = collect(args.budget)
+        previous = (json.loads(args.inputs.read_text(encoding="utf-8"))
+                    if args.inputs.exists() else None)
+        inputs = collect(args.budget, previous)
         args.inputs.parent.mkdir(parents=True, exist_ok=True)
         args.inputs.write_text(json.dumps({"budget": args.budget, **asdict(inputs)}, indent=2)
                                + "\n", encoding="utf-8")

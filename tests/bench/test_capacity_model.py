@@ -9,6 +9,9 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "capacity.py"
@@ -48,3 +51,27 @@ def test_bad_arguments_are_refused_with_a_reason() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--agents", "ten"], capture_output=True,
                           text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2 and "--agents must be comma-separated integers" in done.stderr
+
+
+def test_collect_keeps_the_figures_of_benchmarks_not_rerun_and_names_what_is_missing(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    previous = json.loads(INPUTS.read_text(encoding="utf-8"))
+    monkeypatch.setattr(capacity, "OUT", tmp_path)  # no benchmark JSON at all
+    kept = capacity.collect(previous["budget"], previous)
+    for name, value in vars(kept).items():
+        assert value == previous[name], name  # the transcripts' figures are recomputed alike
+    # A re-run benchmark refreshes its own figures alone.
+    (tmp_path / "pg-footprint.json").write_text(json.dumps({
+        "postgres": "16.4 (x)", "started": "2026-12-02T00:00",
+        "footprint": {"sessions": 2, "appends": 9, "rows": {"ledger": 20},
+                      "bytes": {"ledger": 10_000, "ledger_chunks": 9_000, "tool_use_ids": 1_000,
+                                "window_items": 50_000, "sessions": 80_000}}}),
+        encoding="utf-8")
+    fresh = capacity.collect(previous["budget"], previous)
+    # Only what grows with the ledger: windows and session rows are bounded per session.
+    assert fresh.db_bytes_per_ledger_row == 1000.0 and "of 20 ledger rows" in fresh.db_source
+    assert fresh.fold_cpu_s == previous["fold_cpu_s"]
+    # With nothing to keep, the missing JSON is an error naming the command that makes it.
+    with pytest.raises(SystemExit, match=r"profile-fold.json is missing; run `bench/"
+                                         r"profile_fold.py"):
+        capacity.collect(previous["budget"], None)
