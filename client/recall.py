@@ -56,11 +56,12 @@ from sessionfold.core.messages import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
+    parse_message,
 )
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.searchtext import searchable_text
 from sessionfold.core.searchtext import tokens as search_tokens
-from sessionfold.core.tokens import count_text
+from sessionfold.core.tokens import count_text, default_counter
 from sessionfold.store import LedgerEntry, SessionInfo
 from sessionfold.store.results import SearchHit
 
@@ -80,6 +81,7 @@ __all__ = [
     "answer_tool_input",
     "anthropic_tool",
     "asks_only_recall",
+    "least_answer_tokens",
     "openai_tool",
     "openai_tool_calls",
     "parse_seq",
@@ -391,6 +393,14 @@ def _no_room(kind: Literal["seq", "query"], info: SessionInfo) -> RecallAnswer:
             f"about {info.current_tokens:,} of its {policy.budget_tokens:,}-token budget. "
             "Go on with what you have; ask again once the window has been folded.")
     return RecallAnswer(kind, "unavailable", text, count_text(text))
+
+
+def least_answer_tokens(info: SessionInfo) -> int:
+    """The estimator's tokens of the smallest answer there is, a no-room one, as the
+    ``tool_result`` block it goes out as: what each recall call still to be answered holds back
+    from the room of the ones before it (every call gets an answer)."""
+    block = _no_room("query", info).tool_result("toolu_" + "0" * 24)
+    return default_counter().message(parse_message({"role": "user", "content": [block]}))
 
 
 def answer(store: RecallStore, session_id: str, request: RecallRequest, *,

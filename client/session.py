@@ -59,6 +59,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -86,6 +87,7 @@ from .recall import (
     answer_tool_input,
     anthropic_tool,
     asks_only_recall,
+    least_answer_tokens,
     parse_seq,
     tool_calls,
 )
@@ -432,13 +434,24 @@ class SessionHandle:
     def _answer(self, calls: Sequence[ToolCall],
                 info: SessionInfo | None = None) -> list[RecallAnswer]:
         """Answer recall ``calls`` in order; each answer is sized by the room the ones before
-        it left. Counted."""
+        it left: each takes the ``tool_result`` block it goes out as, in the provider's tokens
+        (the calibration's slope: the estimator's count alone, and the text alone, let many
+        answers to one reply take the next request past the budget). Counted."""
         info = info or self.info()
+        slope = max(info.calibration.a if info.calibration.samples else 1.0, 0.0)
+        counter = self.store.counter
+        # Every call gets an answer: those still to come hold back at least a no-room one each.
+        least = math.ceil(least_answer_tokens(info) * slope)
         answers: list[RecallAnswer] = []
-        for call in calls:
-            result = answer_tool_input(self.store, self.session_id, call.input, info=info)
+        for k, call in enumerate(calls):
+            pending = least * (len(calls) - k - 1)
+            sized = dataclasses.replace(info, current_tokens=info.current_tokens + pending)
+            result = answer_tool_input(self.store, self.session_id, call.input, info=sized)
             answers.append(result)
-            info = dataclasses.replace(info, current_tokens=info.current_tokens + result.tokens)
+            block = counter.message(parse_message(
+                {"role": "user", "content": [result.tool_result(call.id)]}))
+            grown = math.ceil(max(block, result.tokens) * slope)
+            info = dataclasses.replace(info, current_tokens=info.current_tokens + grown)
         self._count_recall(answers)
         return answers
 

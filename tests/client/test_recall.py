@@ -505,3 +505,38 @@ def test_answers_are_sized_by_the_request_as_it_went_out_and_the_recall_call(
     assert basis >= plan.calibration.predict(plan.system_tokens + plan.extra_tokens + hinted
                                              + call)
     assert basis >= stored  # never larger answers than the store's size allowed
+
+
+def test_many_answers_to_one_reply_are_sized_together_in_the_providers_tokens(
+        client: Client, provider: FakeProvider) -> None:
+    # One reply with many recall calls (B1 at 16k: 34 queries in one reply, the follow-up 4 %
+    # over the budget). Each answer is sized by the room the ones before it left; they must be
+    # counted as the tool_result blocks they go out as, in the provider's tokens (here the
+    # provider counts 1.5 tokens for each one the estimator counts), or together they pass it.
+    import dataclasses
+
+    from sessionfold.client.recall import ToolCall
+    from sessionfold.core.messages import parse_message
+    from sessionfold.core.tokens import Calibration
+
+    policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=1, recall_max_tokens=8000,
+                        layers=("mask-tool-results",))
+    agent = client.session("many", policy=policy, system="You reconcile billing accounts.")
+    agent.append([{"role": "user", "content": "Reconcile the accounts in config.txt."}])
+    for n in range(1, 60):
+        agent.append(tool_step(n, "\n".join(f"row {n}.{i}: account {n * 100 + i} fine"
+                                             for i in range(60))))
+    info = agent.info()
+    slope = 1.5
+    info = dataclasses.replace(info, current_tokens=2_000,
+                               calibration=Calibration(a=slope, samples=20))
+    calls = [ToolCall(f"r{seq}", "sessionfold_recall", {"seq": str(seq)})
+             for seq in range(2, 100, 4)]
+    answers = agent._answer(calls, info)
+    counter = client.store.counter
+    blocks = [counter.message(parse_message({"role": "user", "content": [a.tool_result(c.id)]}))
+              for a, c in zip(answers, calls, strict=True)]
+    served = [a for a in answers if "no room" not in a.text]
+    assert len(served) > 3  # the room was shared out, not given to one
+    room = policy.budget_tokens - info.current_tokens
+    assert slope * sum(blocks) <= room, (slope * sum(blocks), room)
