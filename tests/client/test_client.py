@@ -242,8 +242,9 @@ def test_an_openai_shaped_agent_is_measured_and_folded_in_the_background(
     from sessionfold.workers.scheduler import Scheduler
 
     # The ledger's own estimate (about 22k tokens) stays under the trigger; only the provider's
-    # count (which sees tool definitions and framing too) puts the session over it.
-    agent = client.session("oa", policy=FoldPolicy(budget_tokens=40_000))
+    # count (which sees tool definitions and framing too) puts the session over it. (A priced
+    # policy would be visited at half its target already: this one waits for its trigger.)
+    agent = client.session("oa", policy=FoldPolicy(budget_tokens=40_000, economics="window"))
     agent.append(conversation)
     prompt = agent.info().policy.trigger_tokens + 500
     jobs: list[tuple[str, int | None, str]] = []

@@ -126,7 +126,9 @@ def test_only_sessions_over_their_trigger_get_a_job(
     over = new_session(sqlite_store, "over")
     under = new_session(sqlite_store, "under")
     publisher.publish(usage(over, 9_000, at=time.time() - 0.2))
-    publisher.publish(usage(under, 4_000))
+    # Under its own trigger: a new (priced) session's is half its target, 3,000.
+    assert under.trigger_tokens == 3_000
+    publisher.publish(usage(under, 2_900))
     stats = scheduler.run_once()
     assert stats.events == 2 and stats.accepted == 2
     assert list(stats.enqueued) == ["over"]
@@ -136,7 +138,7 @@ def test_only_sessions_over_their_trigger_get_a_job(
     assert FoldLock.from_settings(settings, redis_conn).holder("over") == token
     # The measured sizes went to the store, and the entries were acknowledged.
     assert sqlite_store.get_session("over").measured_tokens == 9_000
-    assert sqlite_store.get_session("under").measured_tokens == 4_000
+    assert sqlite_store.get_session("under").measured_tokens == 2_900
     assert pending(redis_conn, settings) == 0
     lag = registry.get_sample_value("sessionfold_scheduler_lag_seconds_sum")
     assert lag is not None and lag >= 0.2
