@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -456,17 +456,27 @@ def _estimate(client: Client, request: Mapping[str, Any]) -> int:
             + count_text(json.dumps(request.get("tools") or [])))
 
 
+#: A tight budget over a window of masked outputs (each stub with its recall hint).
+TIGHT = FoldPolicy(budget_tokens=8000, keep_recent_turns=1, recall_max_tokens=8000,
+                   layers=("mask-tool-results",))
+
+
+def tight_session(client: Client, sid: str, outputs: Sequence[str]) -> Any:
+    """A session under :data:`TIGHT`: the task, then one tool step per output."""
+    agent = client.session(sid, policy=TIGHT, system="You reconcile billing accounts.")
+    agent.append([{"role": "user", "content": "Reconcile the accounts in config.txt."}])
+    for n, output in enumerate(outputs, start=1):
+        agent.append(tool_step(n, output))
+    return agent
+
+
 def test_an_answer_leaves_the_request_that_carries_it_within_the_budget(
         client: Client, provider: FakeProvider) -> None:
     # A tight budget, a window of masked outputs (each stub with its recall hint), an answer
     # as large as the room allows: the request that carries it stays within the budget.
-    policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=1, recall_max_tokens=8000,
-                        layers=("mask-tool-results",))
-    agent = client.session("sized", policy=policy, system="You reconcile billing accounts.")
-    agent.append([{"role": "user", "content": "Reconcile the accounts in config.txt."}])
-    agent.append(tool_step(1, planted_file(30_000)))
-    for n in range(2, 60):
-        agent.append(tool_step(n, "\n".join(f"row {n}.{i}: fine" for i in range(40))))
+    policy = TIGHT
+    agent = tight_session(client, "sized", [planted_file(30_000), *(
+        "\n".join(f"row {n}.{i}: fine" for i in range(40)) for n in range(2, 60))])
     assert run_fold(client.store, client.summarizer, FoldJob("sized", "job-sized")).outcome \
         == "folded"
     agent.append([{"role": "user", "content": "Which account is it?"}])
@@ -519,13 +529,10 @@ def test_many_answers_to_one_reply_are_sized_together_in_the_providers_tokens(
     from sessionfold.core.messages import parse_message
     from sessionfold.core.tokens import Calibration
 
-    policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=1, recall_max_tokens=8000,
-                        layers=("mask-tool-results",))
-    agent = client.session("many", policy=policy, system="You reconcile billing accounts.")
-    agent.append([{"role": "user", "content": "Reconcile the accounts in config.txt."}])
-    for n in range(1, 60):
-        agent.append(tool_step(n, "\n".join(f"row {n}.{i}: account {n * 100 + i} fine"
-                                             for i in range(60))))
+    policy = TIGHT
+    agent = tight_session(client, "many", [
+        "\n".join(f"row {n}.{i}: account {n * 100 + i} fine" for i in range(60))
+        for n in range(1, 60)])
     info = agent.info()
     slope = 1.5
     info = dataclasses.replace(info, current_tokens=2_000,
