@@ -61,7 +61,7 @@ from sessionfold.core.messages import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.searchtext import searchable_text
 from sessionfold.core.searchtext import tokens as search_tokens
-from sessionfold.core.tokens import count_text, default_counter
+from sessionfold.core.tokens import TokenCounter, count_text, default_counter
 from sessionfold.store import LedgerEntry, SessionInfo
 from sessionfold.store.results import SearchHit
 
@@ -395,12 +395,13 @@ def _no_room(kind: Literal["seq", "query"], info: SessionInfo) -> RecallAnswer:
     return RecallAnswer(kind, "unavailable", text, count_text(text))
 
 
-def least_answer_tokens(info: SessionInfo) -> int:
+def least_answer_tokens(info: SessionInfo, counter: TokenCounter | None = None) -> int:
     """The estimator's tokens of the smallest answer there is, a no-room one, as the
     ``tool_result`` block it goes out as: what each recall call still to be answered holds back
     from the room of the ones before it (every call gets an answer)."""
     block = _no_room("query", info).tool_result("toolu_" + "0" * 24)
-    return default_counter().message(parse_message({"role": "user", "content": [block]}))
+    return (counter or default_counter()).message(
+        parse_message({"role": "user", "content": [block]}))
 
 
 def answer(store: RecallStore, session_id: str, request: RecallRequest, *,

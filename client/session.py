@@ -441,7 +441,7 @@ class SessionHandle:
         slope = max(info.calibration.a if info.calibration.samples else 1.0, 0.0)
         counter = self.store.counter
         # Every call gets an answer: those still to come hold back at least a no-room one each.
-        least = math.ceil(least_answer_tokens(info) * slope)
+        least = math.ceil(least_answer_tokens(info, counter) * slope)
         answers: list[RecallAnswer] = []
         for k, call in enumerate(calls):
             pending = least * (len(calls) - k - 1)
