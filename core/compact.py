@@ -613,7 +613,6 @@ class _Planner:
             if not pending:
                 return running
 
-
     def repair(self, summarizer: Summarizer, groups: list[list[WindowItem]],
                previous: str | None, draft: str, missing: Sequence[str], paid: _Paid) -> str:
         """The draft summary again, with the identifiers it lost: one call that reads the
