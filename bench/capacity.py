@@ -38,6 +38,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ def collect(budget: int, previous: dict[str, Any] | None = None) -> Inputs:
     found: dict[str, Any] = {}
 
     def group(name: str, path: Path, how: str, fields: tuple[str, ...],
-              read: Any) -> None:
+              read: Callable[[Any], dict[str, Any]]) -> None:
         shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
         if path.exists():
             found.update(read(json.loads(path.read_text(encoding="utf-8"))))

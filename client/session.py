@@ -450,7 +450,7 @@ class SessionHandle:
             answers.append(result)
             block = counter.message(parse_message(
                 {"role": "user", "content": [result.tool_result(call.id)]}))
-            grown = math.ceil(max(block, result.tokens) * slope)
+            grown = math.ceil(block * slope)  # the block holds the answer's text
             info = dataclasses.replace(info, current_tokens=info.current_tokens + grown)
         self._count_recall(answers)
         return answers

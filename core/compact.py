@@ -47,7 +47,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .economics import NOTHING_TO_PRICE, FoldEconomics, FoldShape, decide
+from .economics import FoldEconomics, FoldShape, decide, nothing_to_price
 from .errors import (
     InvalidInputError,
     InvalidMessageError,
@@ -801,8 +801,7 @@ def fold_window(
         chars_after=sum(sizes.chars(i) for i in planner.items),
         summarizer_usage=planner.usage, refusals=refusals, detail=detail,
         economics=(choice.to_json() if choice is not None
-                   else {"why": NOTHING_TO_PRICE, "fold": False, "window_tokens": round(before)}
-                   if priced else None),
+                   else nothing_to_price(before) if priced else None),
     ), list(planner.spans), planner.error)
 
 

@@ -48,12 +48,17 @@ from .policy import FoldPolicy
 from .window import CompactionRecord
 
 __all__ = ["NOTHING_TO_PRICE", "FoldEconomics", "FoldShape", "ceiling_tokens", "decide",
-           "next_trigger_tokens", "opening_trigger_tokens"]
+           "next_trigger_tokens", "nothing_to_price", "opening_trigger_tokens"]
 
 #: The ``why`` of a priced visit's figures when no fold was on offer (nothing could fold yet):
 #: the record's ``economics`` is then ``{"why": NOTHING_TO_PRICE, "fold": False,
 #: "window_tokens": …}``.
 NOTHING_TO_PRICE = "nothing-to-price"
+
+
+def nothing_to_price(window_tokens: float) -> dict[str, object]:
+    """The figures of a priced visit that had no fold on offer (see :data:`NOTHING_TO_PRICE`)."""
+    return {"why": NOTHING_TO_PRICE, "fold": False, "window_tokens": round(window_tokens)}
 
 
 @dataclass(frozen=True, slots=True)

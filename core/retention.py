@@ -228,6 +228,7 @@ def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
     return ranked[:limit]
 
 
+@lru_cache(maxsize=4096)
 def _token_pattern(identifier: str) -> re.Pattern[str]:
     head = r"(?<![\w])" if re.match(r"\w", identifier) else ""
     tail = r"(?![\w])" if re.search(r"\w$", identifier) else ""
@@ -254,35 +255,43 @@ def excerpts(messages: Sequence[Message], identifiers: Sequence[str], *,
     """
     if width < 1:
         raise ValueError(f"width must be at least 1, got {width}")
-    wanted = [i for i in dict.fromkeys(identifiers) if i]
-    found: dict[int, dict[tuple[int, int], str]] = {}  # message -> (text, start) -> excerpt
-    for identifier in wanted:
-        pattern = _token_pattern(identifier)
-        for index in range(len(messages) - 1, -1, -1):
-            message = messages[index]
-            if isinstance(message, EarlierFold):
-                continue
-            hit = None
-            for t, text in enumerate(_authored_text(message)):
-                for m in pattern.finditer(text):
-                    hit = (t, text, m.start(), m.end())
-            if hit is None:
-                continue
-            t, text, start, end = hit
-            line_start = text.rfind("\n", 0, start) + 1
-            line_end = text.find("\n", end)
-            line_end = len(text) if line_end < 0 else line_end
-            cut_start = max(line_start, start - width)
-            cut_end = min(line_end, end + width)
-            excerpt = text[cut_start:cut_end].strip()
-            if cut_start > line_start:
-                excerpt = "…" + excerpt
-            if cut_end < line_end:
-                excerpt += "…"
-            found.setdefault(index, {})[(t, cut_start)] = excerpt
-            break
+    found: dict[int, dict[tuple[int, int], str]] = {}  # message -> (text, cut) -> excerpt
+    for identifier in dict.fromkeys(i for i in identifiers if i):
+        latest = _latest_mention(messages, _token_pattern(identifier))
+        if latest is not None:
+            index, t, text, match = latest
+            cut, excerpt = _line_around(text, match.start(), match.end(), width)
+            found.setdefault(index, {})[(t, cut)] = excerpt
     return [(index, "\n".join(dict.fromkeys(found[index][key] for key in sorted(found[index]))))
             for index in sorted(found)]
+
+
+def _latest_mention(messages: Sequence[Message], pattern: re.Pattern[str]
+                    ) -> tuple[int, int, str, re.Match[str]] | None:
+    """The last match of ``pattern`` in the messages' authored text: (message index, text
+    index within the message, the text, the match); None if no message names it."""
+    for index in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[index], EarlierFold):
+            continue
+        hit = None
+        for t, text in enumerate(_authored_text(messages[index])):
+            for match in pattern.finditer(text):
+                hit = (index, t, text, match)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _line_around(text: str, start: int, end: int, width: int) -> tuple[int, str]:
+    """The line holding ``text[start:end]``, cut to ``width`` characters either side (``…``
+    marks a cut): (where the cut starts, the excerpt)."""
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end < 0 else line_end
+    cut_start, cut_end = max(line_start, start - width), min(line_end, end + width)
+    excerpt = text[cut_start:cut_end].strip()
+    return cut_start, ("…" if cut_start > line_start else "") + excerpt + (
+        "…" if cut_end < line_end else "")
 
 
 def check_retention(summary_text: str, identifiers: Sequence[str],
