@@ -331,6 +331,10 @@ class _Planner:
     def clip(self) -> None:
         limit = self.policy.max_item_tokens
         for pos, item in enumerate(self.items):
+            if self.sizes.tokens(item) <= limit:
+                # An item's count is the sum of its texts' counts plus framing: none of its
+                # texts can be over the limit (most items; each would be counted again).
+                continue
             new = clip_oversized(item, None, limit, self.sizes.counter)
             if new is not item and "clipped" in item.edits and self.originals is not None:
                 # Clipped before, too large for a smaller limit now: clip the ledger original

@@ -109,26 +109,39 @@ class _Trusted:
             raise TypeError(f"{cls.__name__} has private attributes; decode it by validation")
         self.cls = cls
         self.fields = frozenset(cls.model_fields)
+        self.size = len(self.fields)
         self.extra = cls.model_config.get("extra") == "allow"
         self.defaults = {name: f.get_default(call_default_factory=True)
                          for name, f in cls.model_fields.items() if not f.is_required()}
 
     def __call__(self, data: Mapping[str, Any]) -> Any:
-        values: dict[str, Any] = {}
         extra: dict[str, Any] | None = {} if self.extra else None
-        for key, value in data.items():
-            if key in self.fields:
-                values[key] = value
-            elif extra is not None:
-                extra[key] = value
+        if self.fields.issuperset(data):  # the usual case: no extra keys, nothing to sort
+            values = dict(data)
+        else:
+            values = {}
+            for key, value in data.items():
+                if key in self.fields:
+                    values[key] = value
+                elif extra is not None:
+                    extra[key] = value
         fields_set = set(values)
-        if len(values) != len(self.fields):
-            for name, default in self.defaults.items():
-                values.setdefault(name, default)
+        if len(values) != self.size:
+            values = {**self.defaults, **values}
         obj = _new(self.cls)
         _set(obj, "__dict__", values)
         _set(obj, "__pydantic_fields_set__", fields_set)
         _set(obj, "__pydantic_extra__", extra)
+        _set(obj, "__pydantic_private__", None)
+        return obj
+
+    def every_field(self, values: dict[str, Any]) -> Any:
+        """An instance from ``values``, which names every field and nothing else (the caller
+        builds it so): the checks and copies of ``__call__`` skipped. ``values`` is kept."""
+        obj = _new(self.cls)
+        _set(obj, "__dict__", values)
+        _set(obj, "__pydantic_fields_set__", set(self.fields))
+        _set(obj, "__pydantic_extra__", {} if self.extra else None)
         _set(obj, "__pydantic_private__", None)
         return obj
 
@@ -156,14 +169,14 @@ def decode_message(data: Mapping[str, Any]) -> Message:
     content = data["content"]
     if isinstance(content, list):
         content = [_decode_block(b) for b in content]
-    message: Message = _BUILD_MESSAGE({"role": data["role"], "content": content})
+    message: Message = _BUILD_MESSAGE.every_field({"role": data["role"], "content": content})
     return message
 
 
 def decode_item(start_seq: int, end_seq: int, kind: ItemKind, message: Mapping[str, Any],
                 edits: Sequence[Edit], version: int, tokens: int) -> WindowItem:
     """A :class:`WindowItem` from its row (trusted, constructed without validation)."""
-    item: WindowItem = _BUILD_ITEM({
+    item: WindowItem = _BUILD_ITEM.every_field({
         "start_seq": start_seq, "end_seq": end_seq, "kind": kind,
         "message": decode_message(message), "edits": tuple(edits), "version": version,
         "tokens": tokens,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,14 +16,20 @@ from sessionfold.core.errors import (
     TransientSummarizerError,
 )
 from sessionfold.core.frame import FRAME_TAG, frame_info, summary_body, summary_message
-from sessionfold.core.layers import MASK_TAG
-from sessionfold.core.messages import Message, SummaryMark, parse_message
+from sessionfold.core.layers import MASK_TAG, clip_oversized
+from sessionfold.core.messages import (
+    Message,
+    SummaryMark,
+    load_conversation_file,
+    parse_message,
+)
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
 from sessionfold.core.tokens import Calibration, TokenCounter
 from sessionfold.core.window import SummarizerUsage, WindowItem, items_from_messages
 
 COUNTER = TokenCounter()
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 
 
 # --- a conversation and summarizer doubles -----------------------------------------------------
@@ -487,6 +494,29 @@ def test_compact_clips_oversized_output_on_load_even_under_the_trigger() -> None
     assert result.window[-1].edits == ("clipped",) and "ledger #4" in result.messages[-1].to_json(
     )["content"][0]["content"]
     assert result.record.chars_before > result.record.chars_after
+
+
+@pytest.mark.parametrize("stored_counts", [False, True], ids=["counted", "stored"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in TRANSCRIPTS.glob("*.json")))
+def test_the_visits_clip_pass_clips_exactly_what_clipping_every_item_clips(
+        name: str, stored_counts: bool) -> None:
+    # The planner skips the items whose count is at or under the limit (a text of an item
+    # cannot count more than the item): on every shipped transcript, at limits from small to
+    # large, it must clip exactly what clipping each item on its own clips.
+    messages = load_conversation_file(TRANSCRIPTS / f"{name}.json").messages
+    items = items_from_messages(messages)
+    if stored_counts:  # as the store reads them: each item with its count
+        items = [i.model_copy(update={"tokens": COUNTER.message(i.message)}) for i in items]
+    clipped_any = False
+    for limit in (60, 400, 2_000):
+        policy = FoldPolicy(budget_tokens=20_000, max_item_ratio=limit / 20_000,
+                            layers=("summarize",))
+        result = fold_window(items, policy, None, counter=COUNTER)
+        expected = [clip_oversized(i, None, limit, COUNTER) for i in items]
+        assert [(i.start_seq, i.edits, i.message) for i in result.window] == [
+            (i.start_seq, i.edits, i.message) for i in expected]
+        clipped_any = clipped_any or any(i.edits for i in expected)
+    assert clipped_any  # the limits reach outputs of every transcript
 
 
 def test_compact_accepts_raw_dicts_and_rejects_orphan_tool_results() -> None:
