@@ -585,7 +585,7 @@ class SessionHandle:
         window = self.store.read_window(self.session_id)
         guarded = self._guard(window, plan) if plan.policy.guard else None
         if guarded is not None and guarded.outcome == "guarded":
-            view = view_of(dataclasses.replace(window, items=guarded.items),
+            view = view_of(dataclasses.replace(window, items=guarded.items, chars=[]),
                            cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
             return dataclasses.replace(view, unsent_tokens=guarded.unsent_tokens)
         return view_of(window, cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)

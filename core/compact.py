@@ -178,6 +178,18 @@ class _Sizes:
             self._tokens[id(item)] = hit
         return hit[1]
 
+    def known_chars(self, items: Sequence[WindowItem], chars: Sequence[int | None]) -> None:
+        """Take the character sizes the caller knows (``None``: not known, counted if asked)."""
+        if len(chars) != len(items):
+            raise InvalidInputError(f"item_chars has {len(chars)} sizes for {len(items)} items")
+        for item, n in zip(items, chars, strict=True):
+            if n is None:
+                continue
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise InvalidInputError(f"item_chars holds {n!r} for item #{item.start_seq}; "
+                                        "a size is an integer >= 0 or None")
+            self._chars[id(item)] = (item, n)
+
     def chars(self, item: WindowItem) -> int:
         hit = self._chars.get(id(item))
         if hit is None:
@@ -232,6 +244,9 @@ class _Planner:
     error: SummarizerError | None = None
     #: ``group_turns(self.items)``, kept until the items change (replace, apply_pass).
     _turns: list[Turn] | None = field(default=None, repr=False)
+    #: ``unprotected_positions()`` for the turns and protection it was computed from.
+    _unprotected: tuple[list[Turn], Protection, tuple[int, ...]] | None = field(
+        default=None, repr=False)
 
     def turns(self) -> list[Turn]:
         """The items grouped into turns (computed once per change of the items)."""
@@ -325,8 +340,14 @@ class _Planner:
     # --- cheap layers -----------------------------------------------------------------------
 
     def unprotected_positions(self) -> list[int]:
-        return [pos for turn in self.turns() if self.protection.reason(turn) is None
-                for pos in range(turn.index, turn.stop)]
+        turns, protection = self.turns(), self.protection
+        held = self._unprotected
+        if held is not None and held[0] is turns and held[1] is protection:
+            return list(held[2])
+        positions = [pos for turn in turns if protection.reason(turn) is None
+                     for pos in range(turn.index, turn.stop)]
+        self._unprotected = (turns, protection, tuple(positions))
+        return positions
 
     def clip(self) -> None:
         limit = self.policy.max_item_tokens
@@ -696,6 +717,7 @@ def fold_window(
     summarizer_skipped: str | None = None,
     economics: FoldEconomics | None = None,
     trigger_tokens: int | None = None,
+    item_chars: Sequence[int | None] | None = None,
 ) -> FoldResult:
     """Plan and run one visit of a window (see the module docstring and docs/internals.md).
 
@@ -714,12 +736,19 @@ def fold_window(
     ``trigger_tokens`` is the session's trigger as the store keeps it: for a priced visit it may
     be below the policy's (the cost model set the next visit earlier:
     :func:`~.economics.next_trigger_tokens`); an unpriced visit always waits for the policy's.
+    ``item_chars`` is, when the caller knows it, the size of each item's message as compact JSON
+    (what the record's ``chars_before`` and ``chars_after`` add up), parallel to ``items``; a
+    None entry, or no list, is measured here. The store passes the length of the JSON it holds
+    (:attr:`~sessionfold.store.results.Window.chars`): serializing every message again only to
+    measure it was a tenth of a fold's CPU.
     Never raises a summarizer error: see :class:`FoldResult`.
     """
     _check_items(items)
     if target_tokens is not None and target_tokens < 0:
         raise InvalidInputError(f"target_tokens must be >= 0, got {target_tokens}")
     sizes = _Sizes(counter or default_counter())
+    if item_chars is not None:
+        sizes.known_chars(items, item_chars)
     target = policy.target_tokens if target_tokens is None else target_tokens
     estimate = sizes.counter.system(system) + sum(sizes.tokens(i) for i in items)
     if measured_tokens is not None:

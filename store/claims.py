@@ -57,8 +57,8 @@ from sqlalchemy.engine import Connection
 
 from .db import LeaseClock
 from .results import Claim
-from .schema import compaction_records, sessions
-from .sessions import lock_session
+from .schema import compaction_records
+from .sessions import lock_session, update_session
 
 __all__ = [
     "DEFAULT_LEASE_S",
@@ -81,14 +81,18 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
+_COMMITTED_FOLD = (
+    sa.select(compaction_records.c.id)
+    .where(compaction_records.c.session_id == sa.bindparam("sid"),
+           compaction_records.c.job_id == sa.bindparam("job_id"),
+           compaction_records.c.outcome == "folded")
+    .order_by(compaction_records.c.id)
+    .limit(1))
+
+
 def committed_fold_record(conn: Connection, sid: str, job_id: str) -> int | None:
     """The id of the record of a fold this job committed, if it did."""
-    record: int | None = conn.execute(
-        sa.select(compaction_records.c.id)
-        .where(compaction_records.c.session_id == sid, compaction_records.c.job_id == job_id,
-               compaction_records.c.outcome == "folded")
-        .order_by(compaction_records.c.id)
-        .limit(1)).scalar()
+    record: int | None = conn.execute(_COMMITTED_FOLD, {"sid": sid, "job_id": job_id}).scalar()
     return record
 
 
@@ -168,9 +172,9 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
             # End the dead claim here (counted once, its holder fenced off by the new epoch),
             # and claim nothing: the caller gives the session up.
             epoch = row.fold_epoch + 1
-            conn.execute(sessions.update().where(sessions.c.id == sid).values(
-                fold_epoch=epoch, claimed_by=None, claim_expires_at=None,
-                abandoned_folds=abandoned, updated_at=now))
+            update_session(conn, sid, {
+                "fold_epoch": epoch, "claimed_by": None, "claim_expires_at": None,
+                "abandoned_folds": abandoned, "updated_at": now})
             return Claim(status="abandoned", session_id=sid, job_id=job_id, epoch=epoch,
                          revision=row.revision, incarnation=row.incarnation,
                          abandoned_folds=abandoned,
@@ -178,9 +182,9 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
                                 f"a row (worker lost; max {max_abandoned})")
     epoch = row.fold_epoch + 1
     expires = now + timedelta(seconds=float(lease_s))
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        fold_epoch=epoch, claimed_by=job_id, claim_expires_at=expires,
-        abandoned_folds=abandoned, updated_at=now))
+    update_session(conn, sid, {
+        "fold_epoch": epoch, "claimed_by": job_id, "claim_expires_at": expires,
+        "abandoned_folds": abandoned, "updated_at": now})
     return Claim(status="claimed", session_id=sid, job_id=job_id, epoch=epoch,
                  revision=row.revision, incarnation=row.incarnation, holder=job_id,
                  expires_at=expires,

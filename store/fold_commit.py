@@ -13,10 +13,11 @@ A fold commit is one short transaction under the session row lock:
    ``(session_id, start_seq)`` row must still exist with the version the plan read. Appends only
    add items after the last one, so they never touch a planned item: a fold and concurrent
    appends commute, and only a competing fold (or claim) makes a plan stale;
-5. delete the replaced items, insert the new ones (with a fresh version: this commit's
-   revision), write the spans (unique on session + seq range), the record and the refusal
-   latches; under ``retain="discard"`` blank the folded ledger rows and take them out of the
-   search index;
+5. delete the replaced items (one ``DELETE … RETURNING`` that is also step 4's read: a row
+   it returns at another version, or a planned row it does not return, is the lost race), insert
+   the new ones (with a fresh version: this commit's revision), write the spans (unique on
+   session + seq range), the record and the refusal latches; under ``retain="discard"``
+   blank the folded ledger rows and take them out of the search index;
 6. bump the revision, fence usage reports older than it, take ``record.tokens_after`` as the
    measured size, clear the claim.
 
@@ -48,13 +49,13 @@ from sessionfold.core.window import CompactionRecord, FoldEdit, WindowItem
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Row
 
-from .claims import earlier_incarnation
+from .claims import committed_fold_record, earlier_incarnation
 from .codec import encode_message
 from .notify import notify_window_change
 from .results import StoredRecord, StoredSpan
-from .schema import compaction_records, folds, ledger, refusal_latches, sessions, window_items
+from .schema import compaction_records, folds, ledger, refusal_latches, window_items
 from .search import drop_chunks
-from .sessions import current_tokens, load_session, lock_session
+from .sessions import current_tokens, load_session, lock_session, update_session
 from .usage import tokens_after
 
 __all__ = [
@@ -179,26 +180,29 @@ def _latch(conn: Connection, sid: str, record: CompactionRecord, now: datetime) 
         conn.execute(refusal_latches.insert(), rows)
 
 
-def _check_items(conn: Connection, sid: str, replaced: Sequence[WindowItem]) -> int:
-    """Compare-and-set: every planned item still there at its planned version.
-
-    Returns the stored token estimate of the replaced items (what leaves the window).
+def _delete_replaced(conn: Connection, sid: str, replaced: Sequence[WindowItem]) -> int:
+    """Compare-and-set and delete in one statement: every planned item must still be there at
+    its planned version (else :class:`Stale`, and the caller's rollback restores what this
+    deleted). Returns the stored token estimate of the deleted items (what leaves the window).
     """
-    starts = [item.start_seq for item in replaced]
-    found = {
-        r.start_seq: r for r in conn.execute(
-            sa.select(window_items.c.start_seq, window_items.c.end_seq, window_items.c.version,
-                      window_items.c.tokens)
-            .where(window_items.c.session_id == sid, window_items.c.start_seq.in_(starts)))
-    }
-    for item in replaced:
-        row = found.get(item.start_seq)
-        if row is None:
-            raise Stale(f"window item #{item.start_seq} is gone (another fold replaced it)")
-        if row.version != item.version or row.end_seq != item.end_seq:
-            raise Stale(f"window item #{item.start_seq} changed since the fold was planned "
-                        f"(version {item.version} planned, {row.version} now)")
-    return sum(int(r.tokens) for r in found.values())
+    planned = {item.start_seq: item for item in replaced}
+    removed = 0
+    deleted: set[int] = set()
+    for start, end, version, tokens in conn.execute(
+            window_items.delete()
+            .where(window_items.c.session_id == sid, window_items.c.start_seq.in_(list(planned)))
+            .returning(window_items.c.start_seq, window_items.c.end_seq, window_items.c.version,
+                       window_items.c.tokens)):
+        item = planned[start]
+        if version != item.version or end != item.end_seq:
+            raise Stale(f"window item #{start} changed since the fold was planned "
+                        f"(version {item.version} planned, {version} now)")
+        deleted.add(start)
+        removed += int(tokens)
+    gone = [start for start in planned if start not in deleted]
+    if gone:
+        raise Stale(f"window item #{gone[0]} is gone (another fold replaced it)")
+    return removed
 
 
 def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: int,
@@ -212,11 +216,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     gone = earlier_incarnation(sid, incarnation, row.incarnation)
     if gone is not None:
         raise Stale(gone)
-    done = conn.execute(
-        sa.select(compaction_records.c.id)
-        .where(compaction_records.c.session_id == sid, compaction_records.c.job_id == job_id,
-               compaction_records.c.outcome == "folded")
-        .order_by(compaction_records.c.id).limit(1)).scalar()
+    done = committed_fold_record(conn, sid, job_id)
     if done is not None:
         written = [_stored_span(r) for r in conn.execute(
             sa.select(folds).where(folds.c.session_id == sid, folds.c.job_id == job_id)
@@ -230,13 +230,8 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
                     "recorded, which released it)")
 
     edit = prepared.edit
-    removed_tokens = _check_items(conn, sid, edit.replaced)
+    removed_tokens = _delete_replaced(conn, sid, edit.replaced)
     revision = row.revision + 1
-    deleted = conn.execute(window_items.delete().where(
-        window_items.c.session_id == sid,
-        window_items.c.start_seq.in_([i.start_seq for i in edit.replaced])))
-    if deleted.rowcount != len(edit.replaced):  # cannot happen under the row lock; never commit it
-        raise Stale("the window changed while the fold was being committed")
     conn.execute(window_items.insert(),
                  [{"session_id": sid, "version": revision, **item} for item in prepared.inserted])
 
@@ -279,7 +274,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     seen = prepared.seen_seq if prepared.seen_seq is not None else row.next_seq - 1
     pending = tokens_after(conn, sid, seen)
     measured = prepared.record.tokens_after
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(
+    update_session(conn, sid, dict(
         revision=revision, fold_revision=revision,
         measured_tokens=measured, measured_seq=seen, measured_revision=revision,
         pending_tokens=pending, window_tokens=window_tokens,
@@ -332,7 +327,7 @@ def record_visit_locked(conn: Connection, sid: str, record: CompactionRecord, *,
         and row.claimed_by == job_id and epoch == row.fold_epoch
     if ours:
         values.update(claimed_by=None, claim_expires_at=None, abandoned_folds=0)
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(**values))
+    update_session(conn, sid, values)
     return record_id, row.revision, gone
 
 
@@ -361,9 +356,14 @@ def read_records(conn: Connection, sid: str) -> list[StoredRecord]:
     return [_stored_record(r) for r in rows]
 
 
-def latched(conn: Connection, sid: str) -> set[str]:
-    rows = conn.execute(sa.select(refusal_latches.c.fingerprint)
-                        .where(refusal_latches.c.session_id == sid)).scalars().all()
-    if not rows:
+_LATCHED = sa.select(refusal_latches.c.fingerprint).where(
+    refusal_latches.c.session_id == sa.bindparam("sid"))
+
+
+def latched(conn: Connection, sid: str, *, known: bool = False) -> set[str]:
+    """The fingerprints latched for ``sid``; SessionNotFoundError for no such session, unless
+    ``known`` (the caller read the session in this transaction)."""
+    rows = conn.execute(_LATCHED, {"sid": sid}).scalars().all()
+    if not rows and not known:
         load_session(conn, sid)
     return set(rows)

@@ -45,9 +45,9 @@ from sqlalchemy.engine import Connection
 from .codec import decode_message, encode_message, messages_digest, tool_use_id_digest
 from .notify import notify_window_change
 from .results import AppendResult, LedgerEntry, Origin
-from .schema import append_keys, ledger, sessions, tool_use_ids, window_items
+from .schema import append_keys, ledger, tool_use_ids, window_items
 from .search import chunk_rows, derive_chunks, insert_chunks
-from .sessions import current_tokens, load_session, lock_session
+from .sessions import current_tokens, load_session, lock_session, update_session
 
 __all__ = ["PreparedAppend", "append_prepared", "prepare_append", "read_ledger", "recover"]
 
@@ -240,15 +240,15 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
         measured_tokens=row.measured_tokens, pending_tokens=pending,
         system_tokens=row.system_tokens, window_tokens=window_tokens,
         calibration=Calibration.model_validate(row.calibration))
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        next_seq=last_seq + 1,
-        revision=revision,
-        tail_tool_use_ids=prepared.messages[-1].tool_use_ids(),
-        window_tokens=window_tokens,
-        pending_tokens=pending,
-        current_tokens=current,
-        updated_at=now,
-    ))
+    update_session(conn, sid, {
+        "next_seq": last_seq + 1,
+        "revision": revision,
+        "tail_tool_use_ids": prepared.messages[-1].tool_use_ids(),
+        "window_tokens": window_tokens,
+        "pending_tokens": pending,
+        "current_tokens": current,
+        "updated_at": now,
+    })
     notify_window_change(conn, sid, row.incarnation, revision, "append")
     crossed = not row.paused and row.current_tokens <= row.trigger_tokens < current
     return AppendResult(first_seq, last_seq, revision, current_tokens=current,

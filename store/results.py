@@ -140,6 +140,11 @@ class Window:
     system: str
     revision: int
     items: list[WindowItem] = field(default_factory=list)
+    #: Parallel to ``items`` when the read knew them: each item's message as the store holds it,
+    #: in characters of compact JSON (the fold engine's character sizes, ``fold_window``'s
+    #: ``item_chars``); None for an item served from the process's cache; empty when not read.
+    #: A figure of the read, not of the window: left out of equality and repr.
+    chars: list[int | None] = field(default_factory=list, compare=False, repr=False)
 
     def messages(self) -> list[Message]:
         return [item.message for item in self.items]

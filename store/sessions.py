@@ -8,7 +8,7 @@ claims and fold commits of one session queue on that row lock, and nothing else 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -92,8 +92,23 @@ def _not_found(sid: str) -> SessionNotFoundError:
     return SessionNotFoundError(f"no session {sid!r} in the store")
 
 
+# Built once: a fold reads the session row several times, and building the statement cost
+# more than running it (SQLAlchemy still caches the compiled form either way).
+_SELECT_SESSION = sa.select(sessions).where(sessions.c.id == sa.bindparam("sid"))
+_LOCK_SESSION = _SELECT_SESSION.with_for_update(key_share=True)
+
+
+_UPDATE_SESSION = sessions.update().where(sessions.c.id == sa.bindparam("sid"))
+
+
+def update_session(conn: Connection, sid: str, values: Mapping[str, Any]) -> None:
+    """Set columns of the session row (``values``: column name to Python value, no SQL
+    expressions), through one statement built once: the SET clause comes from the keys."""
+    conn.execute(_UPDATE_SESSION, {"sid": sid, **values})
+
+
 def load_session(conn: Connection, sid: str) -> Row[Any]:
-    row = conn.execute(sa.select(sessions).where(sessions.c.id == sid)).first()
+    row = conn.execute(_SELECT_SESSION, {"sid": sid}).first()
     if row is None:
         raise _not_found(sid)
     return row
@@ -106,9 +121,7 @@ def lock_session(conn: Connection, sid: str) -> Row[Any]:
     on this row for their foreign keys, and must not queue behind a lock that never changes the
     key. (SQLite ignores the clause: ``BEGIN IMMEDIATE`` already holds the database write lock.)
     """
-    row = conn.execute(
-        sa.select(sessions).where(sessions.c.id == sid).with_for_update(key_share=True)
-    ).first()
+    row = conn.execute(_LOCK_SESSION, {"sid": sid}).first()
     if row is None:
         raise _not_found(sid)
     return row

@@ -413,7 +413,7 @@ class SessionStore:
                 return FoldContext(claim)
             window = windows.read_window(conn, sid, self.item_cache)
             info = sessions.session_info(sessions.load_session(conn, sid))
-            latched = frozenset(fold_commit.latched(conn, sid))
+            latched = frozenset(fold_commit.latched(conn, sid, known=True))
         return FoldContext(claim, window=window, session=info, latched=latched)
 
     def finish_fold(self, claim: Claim, outcome: FoldResult | CompactionRecord) -> CommitResult:

@@ -68,11 +68,15 @@ def _check_int(name: str, value: object) -> int:
     return value
 
 
+_TOKENS_AFTER = (
+    sa.select(sa.func.coalesce(sa.func.sum(window_items.c.tokens), 0))
+    .where(window_items.c.session_id == sa.bindparam("sid"),
+           window_items.c.start_seq > sa.bindparam("seq")))
+
+
 def tokens_after(conn: Connection, sid: str, seq: int) -> int:
     """Token estimate of the window items after ``seq`` (what was appended since a report)."""
-    total = conn.execute(
-        sa.select(sa.func.coalesce(sa.func.sum(window_items.c.tokens), 0))
-        .where(window_items.c.session_id == sid, window_items.c.start_seq > seq)).scalar_one()
+    total = conn.execute(_TOKENS_AFTER, {"sid": sid, "seq": seq}).scalar_one()
     return int(total)
 
 

@@ -88,15 +88,18 @@ def read_window(conn: Connection, sid: str, cache: ItemCache) -> Window:
     if evicted:
         texts.update(_refetch(conn, sid, rows, evicted))
     fresh: list[tuple[ItemKey, WindowItem]] = []
+    chars: list[int | None] = [None] * len(rows)
     for i, (message, edits) in texts.items():
         r = rows[i]
         item = decode_item(r[_START], r[_END], r[_KIND], decode_json(message),
                            decode_json(edits), r[_VERSION], r[_TOKENS])
         items[i] = item
+        # The engine's JSON written compactly (store.engine): the length the fold measures.
+        chars[i] = len(message)
         fresh.append((keys[i], item))
     cache.put_window(sid, incarnation, revision, fresh)
     return Window(session_id=sid, system=system, revision=revision,
-                  items=cast(list[WindowItem], items))
+                  items=cast(list[WindowItem], items), chars=chars)
 
 
 def _refetch(conn: Connection, sid: str, rows: Sequence[Any],

@@ -275,6 +275,7 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
             economics=(None if pricing is None
                        else FoldEconomics(pricing, cold=job.trigger == "idle")),
             trigger_tokens=info.trigger_tokens,
+            item_chars=window.chars or None,
             # Read only for a clipped output masked (or clipped shorter) now: the stub names the
             # ledger original's size, never a number found in the output.
             originals=lambda seq: store.recover(sid, seq, seq)[0],

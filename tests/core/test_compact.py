@@ -582,3 +582,22 @@ def test_compact_with_the_offline_summarizer_masks_then_summarizes() -> None:
     assert len(result.spans) == 1 and not result.spans[0].lost_identifiers
     assert any(MASK_TAG in str(m.to_json()) for m in result.messages)
     assert "src/mod_1.py" in result.messages[1].text()  # the most recurring identifiers
+
+
+def test_item_chars_given_are_the_records_character_sizes_and_bad_ones_are_refused() -> None:
+    items = items_from_messages(conversation(14))
+    summarizer = Scripted(reply=keeps_everything)
+    measured = fold_window(items, POLICY, summarizer)
+    sizes = [len(i.message.model_dump_json(exclude_unset=True)) for i in items]
+    given = fold_window(items, POLICY, Scripted(reply=keeps_everything), item_chars=sizes)
+    assert given.record.chars_before == measured.record.chars_before == sum(sizes)
+    assert given.record.chars_after == measured.record.chars_after
+    assert [s.chars_before for s in given.spans] == [s.chars_before for s in measured.spans]
+    # A size the caller gives is taken as it is (the store's JSON), None is measured.
+    doubled = fold_window(items, POLICY, Scripted(reply=keeps_everything),
+                          item_chars=[2 * n for n in sizes[:-1]] + [None])
+    assert doubled.record.chars_before == 2 * sum(sizes[:-1]) + sizes[-1]
+    with pytest.raises(InvalidInputError, match="item_chars has 3 sizes"):
+        fold_window(items, POLICY, None, item_chars=[1, 2, 3])
+    with pytest.raises(InvalidInputError, match="a size is an integer"):
+        fold_window(items, POLICY, None, item_chars=[-1] * len(items))

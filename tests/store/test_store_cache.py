@@ -74,3 +74,35 @@ def test_a_tiny_cache_refetches_what_it_evicted(store_url: str, uncached: Sessio
         assert len(tiny.item_cache) <= 3
     finally:
         tiny.close()
+
+
+def test_a_window_read_names_each_decoded_items_json_size_and_none_for_a_cached_one(
+        store: SessionStore, uncached: SessionStore) -> None:
+    # Window.chars is what the fold engine measures an item's message as (compact JSON,
+    # `fold_window`'s item_chars): read off the stored JSON, it must be the same number, on
+    # every shipped transcript message (non-ASCII text, tool inputs, images) and on a summary.
+    from pathlib import Path
+
+    from sessionfold.core.compact import fold_window
+    from sessionfold.core.messages import load_conversation_file
+
+    data = Path(__file__).resolve().parents[1] / "data" / "transcripts"
+    for n, path in enumerate(sorted(data.glob("*.json"))):
+        sid = f"t{n}"
+        messages = load_conversation_file(path).messages
+        store.create_session(sid, FoldPolicy(budget_tokens=1_000_000))
+        store.append(sid, messages)
+        window = uncached.read_window(sid)
+        assert window.chars == [len(i.message.model_dump_json(exclude_unset=True))
+                                for i in window.items]
+        # The same figures as the engine's own count (no sizes given).
+        policy = FoldPolicy(budget_tokens=20_000, economics="window")
+        given = fold_window(window.items, policy, None, item_chars=window.chars)
+        measured = fold_window(window.items, policy, None)
+        assert (given.record.chars_before, given.record.chars_after) == (
+            measured.record.chars_before, measured.record.chars_after)
+    store.read_window("t0")  # now cached in this process: only new items are decoded
+    store.append("t0", [user("one more")])
+    again = store.read_window("t0")
+    assert again.chars[:-1] == [None] * (len(again.items) - 1)
+    assert again.chars[-1] == len(again.items[-1].message.model_dump_json(exclude_unset=True))
