@@ -59,6 +59,7 @@ from .frame import (
     EarlierFold,
     fingerprint,
     frame_info,
+    legacy_fingerprint,
     notice_message,
     summary_body,
     summary_message,
@@ -271,8 +272,15 @@ class _Planner:
         self.current -= self.slope * saved
 
     def apply_pass(self, items: list[WindowItem], saved: int) -> None:
+        """Take the window a cheap layer left: item for item the same shape (masking and
+        thinning keep each item's kind, role and tool ids), so the turns keep their grouping
+        and only take the new items (grouping again reads every message)."""
+        turns = self._turns
+        if turns is not None and len(items) == len(self.items):
+            self._turns = [Turn(t.index, tuple(items[t.index:t.stop])) for t in turns]
+        else:
+            self._turns = None
         self.items = items
-        self._turns = None
         self.current -= self.slope * saved
 
     # --- pricing (economics="dollars") -------------------------------------------------------
@@ -439,6 +447,17 @@ class _Planner:
             if self.error is not None:
                 return  # the summarizer is failing: calling it again this visit will not help
 
+    def latched_as(self, fp: str, span: Sequence[WindowItem]) -> str | None:
+        """The latch that refused ``span`` before (its fingerprint ``fp``), if one did: one
+        stored under ``fp``, or under the span's :func:`~.frame.legacy_fingerprint` (latches
+        written before the fingerprint changed; computed only when there are latches)."""
+        if not self.latched:
+            return None
+        if fp in self.latched:
+            return fp
+        old = legacy_fingerprint([item.message for item in span])
+        return old if old in self.latched else None
+
     def fold_one(self, run: Run, kind: str) -> bool:
         """Fold a prefix of ``run``; True when nothing more of it can be folded."""
         body = run.body
@@ -470,10 +489,11 @@ class _Planner:
             span = [*(head.items if head is not None else ()),
                     *(item for turn in body[:count] for item in turn.items)]
             fp = fingerprint([item.message for item in span])
-            if fp not in self.latched:
+            held = self.latched_as(fp, span)
+            if held is None:
                 break
             reason: RefusalReason = (
-                self.latched[fp] if isinstance(self.latched, Mapping)
+                self.latched[held] if isinstance(self.latched, Mapping)
                 else "replacement-not-smaller"
             )
             self.refusals.append(Refusal(
@@ -536,7 +556,7 @@ class _Planner:
         message = notice_message(start_seq=start, end_seq=end, message_count=count,
                                  retained=self.policy.retain == "ledger")
         item = WindowItem(start_seq=start, end_seq=end, kind="notice", message=message,
-                          tokens=self.sizes.counter.message(message))
+                          tokens=self.sizes.counter.fresh(message))
         before = sum(self.sizes.tokens(i) for i in span)
         if self.sizes.tokens(item) >= before:
             return _SpanFold(refusal=Refusal(
@@ -589,7 +609,7 @@ class _Planner:
         message = summary_message(text, start_seq=start, end_seq=end, message_count=count,
                                   model=summarizer.model, retained=retained)
         item = WindowItem(start_seq=start, end_seq=end, kind="summary", message=message,
-                          tokens=self.sizes.counter.message(message))
+                          tokens=self.sizes.counter.fresh(message))
         before = sum(self.sizes.tokens(i) for i in span)
         if self.sizes.tokens(item) >= before:
             return _SpanFold(refusal=Refusal(

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from .jsonvalues import replace_lone_surrogates
 from .messages import Message, TextBlock
@@ -55,6 +55,7 @@ __all__ = [
     "fingerprint",
     "frame_info",
     "hinted_frame",
+    "legacy_fingerprint",
     "notice_message",
     "recall_hint",
     "seq_spec",
@@ -298,12 +299,25 @@ class EarlierFold(Message):
                    start_seq=item.start_seq, end_seq=item.end_seq, body=summary_body(item))
 
 
-def fingerprint(messages: Sequence[Message]) -> str:
-    """sha256 (hex) of the canonical JSON of ``messages``; stable across runs and processes.
+_MESSAGE_LIST: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
-    Canonical means every field with its value, sorted keys, no whitespace: a block built in code
-    and the same block loaded from JSON fingerprint alike.
+
+def fingerprint(messages: Sequence[Message]) -> str:
+    """sha256 (hex) of the JSON of ``messages``; stable across runs and processes.
+
+    The JSON is pydantic-core's of the list: every field with its value (defaults included), in
+    the models' field order, no whitespace, a tool input or extra field in its own key order. A
+    block built in code and the same block loaded from JSON fingerprint alike; an
+    :class:`EarlierFold` like the plain message it stands for. (Four to five times cheaper than
+    :func:`legacy_fingerprint`, which a fold computes only to match latches stored before.)
     """
+    return hashlib.sha256(_MESSAGE_LIST.dump_json(list(messages))).hexdigest()
+
+
+def legacy_fingerprint(messages: Sequence[Message]) -> str:
+    """The span fingerprint of releases before :func:`fingerprint` changed: sha256 (hex) of
+    the standard library's JSON of the messages with sorted keys. Refusal latches written then
+    carry it; a fold still matches them (only when the session holds latches at all)."""
     payload = [m.model_dump(mode="json") for m in messages]
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()

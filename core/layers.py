@@ -98,7 +98,7 @@ def _with_edit(item: WindowItem, message: Message, edit: Edit,
                counter: TokenCounter) -> WindowItem:
     edits = item.edits if edit in item.edits else (*item.edits, edit)
     return item.model_copy(update={"message": message, "edits": edits,
-                                   "tokens": counter.message(message)})
+                                   "tokens": counter.fresh(message)})
 
 
 # --- clip-oversized ----------------------------------------------------------------------------

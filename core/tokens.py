@@ -107,6 +107,10 @@ def _digest(message: Message) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+#: System prompts whose counts a counter remembers (oldest forgotten first).
+_SYSTEMS_KEPT = 64
+
+
 class TokenCounter:
     """Counts message tokens with per-message framing, caching counts by message content.
 
@@ -116,6 +120,7 @@ class TokenCounter:
     def __init__(self, cache_size: int = 20_000) -> None:
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._cache_size = cache_size
+        self._systems: dict[str, int] = {}
 
     def message(self, message: Message) -> int:
         if isinstance(message.content, str) and len(message.content) < 64:
@@ -126,17 +131,34 @@ class TokenCounter:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        n = MESSAGE_OVERHEAD + sum(_block_tokens(b) + BLOCK_OVERHEAD for b in message.blocks())
+        n = self.fresh(message)
         self._cache[key] = n
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return n
 
+    def fresh(self, message: Message) -> int:
+        """:meth:`message` for a message just built (a stub, a summary, a thinned copy): the
+        same count, without the digest and cache entry that only a message counted again
+        would use (its item carries the count from then on)."""
+        if isinstance(message.content, str) and len(message.content) < 64:
+            return MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text(message.content)
+        return MESSAGE_OVERHEAD + sum(_block_tokens(b) + BLOCK_OVERHEAD for b in message.blocks())
+
     def messages(self, messages: Iterable[Message]) -> int:
         return sum(self.message(m) for m in messages)
 
     def system(self, system: str) -> int:
-        return count_text(system) + MESSAGE_OVERHEAD if system else 0
+        """A system prompt's tokens (framing included). The few prompts a process sees are
+        long and asked for on every visit: the last ones are remembered by their text."""
+        if not system:
+            return 0
+        hit = self._systems.get(system)
+        if hit is None:
+            hit = self._systems[system] = count_text(system) + MESSAGE_OVERHEAD
+            if len(self._systems) > _SYSTEMS_KEPT:
+                del self._systems[next(iter(self._systems))]
+        return hit
 
 
 @lru_cache(maxsize=1)

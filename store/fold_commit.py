@@ -180,6 +180,27 @@ def _latch(conn: Connection, sid: str, record: CompactionRecord, now: datetime) 
         conn.execute(refusal_latches.insert(), rows)
 
 
+def _starts_in(items: Sequence[WindowItem]) -> sa.ColumnElement[bool]:
+    """``start_seq`` of one of ``items`` (sorted, as the fold's edit lists them): a range for
+    each stretch that covers its seqs without a gap (no other item can start inside one; a
+    summarized span is one stretch), the other starts as a list. A range is far cheaper to
+    build and run than a long list of parameters."""
+    start = window_items.c.start_seq
+    if not items:
+        return sa.false()
+    stretches: list[list[WindowItem]] = []
+    for item in items:
+        if stretches and item.start_seq == stretches[-1][-1].end_seq + 1:
+            stretches[-1].append(item)
+        else:
+            stretches.append([item])
+    single = [s[0].start_seq for s in stretches if len(s) == 1]
+    terms = [start.between(s[0].start_seq, s[-1].start_seq) for s in stretches if len(s) > 1]
+    if single:
+        terms.append(start.in_(single))
+    return sa.or_(*terms)
+
+
 def _delete_replaced(conn: Connection, sid: str, replaced: Sequence[WindowItem]) -> int:
     """Compare-and-set and delete in one statement: every planned item must still be there at
     its planned version (else :class:`Stale`, and the caller's rollback restores what this
@@ -190,10 +211,13 @@ def _delete_replaced(conn: Connection, sid: str, replaced: Sequence[WindowItem])
     deleted: set[int] = set()
     for start, end, version, tokens in conn.execute(
             window_items.delete()
-            .where(window_items.c.session_id == sid, window_items.c.start_seq.in_(list(planned)))
+            .where(window_items.c.session_id == sid, _starts_in(replaced))
             .returning(window_items.c.start_seq, window_items.c.end_seq, window_items.c.version,
                        window_items.c.tokens)):
-        item = planned[start]
+        item = planned.get(start)
+        if item is None:  # inside a planned range: an item the plan never saw
+            raise Stale(f"window item #{start} appeared among the planned ones (another fold "
+                        "changed the window)")
         if version != item.version or end != item.end_seq:
             raise Stale(f"window item #{start} changed since the fold was planned "
                         f"(version {item.version} planned, {version} now)")

@@ -25,6 +25,9 @@ def test_quick_mode_folds_every_session_and_profiles_the_fold(tmp_path: Path) ->
     assert result["items"] == 40 and result["tokens_before"] > 0
     assert 0 < result["cpu_median_ms"] <= result["cpu_p90_ms"]
     assert result["folds_per_cpu_s"] > 0
+    # The offline summarizer's share is counted apart: never more than the fold it ran in.
+    assert result["summarizer_median_ms"] > 0
+    assert 0 < result["without_summarizer_median_ms"] <= result["cpu_median_ms"]
     modules = [name for name, seconds in result["by_module"] if seconds > 0]
     # The fold's own code shows up under its module names, the planner among them.
     assert any(name.startswith("sessionfold.core.") for name in modules)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,15 @@ from sessionfold.core.errors import (
     ToolPairingError,
     TransientSummarizerError,
 )
-from sessionfold.core.frame import FRAME_TAG, frame_info, summary_body, summary_message
-from sessionfold.core.layers import MASK_TAG, clip_oversized
+from sessionfold.core.frame import (
+    FRAME_TAG,
+    fingerprint,
+    frame_info,
+    legacy_fingerprint,
+    summary_body,
+    summary_message,
+)
+from sessionfold.core.layers import MASK_TAG, clip_oversized, drop_thinking, mask_tool_results
 from sessionfold.core.messages import (
     Message,
     SummaryMark,
@@ -26,6 +34,7 @@ from sessionfold.core.messages import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
 from sessionfold.core.tokens import Calibration, TokenCounter
+from sessionfold.core.turns import group_turns
 from sessionfold.core.window import SummarizerUsage, WindowItem, items_from_messages
 
 COUNTER = TokenCounter()
@@ -250,6 +259,35 @@ def test_a_latched_prefix_is_skipped_for_a_longer_span() -> None:
     assert second.spans[0].end_seq > first.spans[0].end_seq
     skipped = [r for r in second.record.refusals if r.fingerprint == fp]
     assert skipped and skipped[0].reason == "retention-check-failed"
+
+
+def test_a_latch_stored_under_the_legacy_fingerprint_still_refuses_its_span(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Latches written before the fingerprint changed carry legacy_fingerprint: the span they
+    # name is still not asked again, and the refusal is recorded under today's fingerprint
+    # (which the store then latches too).
+    messages = conversation(14)
+    first = fold_window(items(messages), POLICY, Scripted(reply=keeps_everything))
+    span = first.spans[0]
+    window = items(messages)
+    originals = [i.message for i in window if span.start_seq <= i.start_seq <= span.end_seq]
+    old = legacy_fingerprint(originals)
+    assert old != span.fingerprint == fingerprint(originals)
+    again = Scripted(reply=keeps_everything)
+    second = fold_window(window, POLICY, again, latched={old: "retention-check-failed"})
+    skipped = [r for r in second.record.refusals if r.reason == "retention-check-failed"]
+    assert [(r.start_seq, r.end_seq, r.fingerprint) for r in skipped] == [
+        (span.start_seq, span.end_seq, span.fingerprint)]
+    assert second.spans[0].end_seq > span.end_seq  # a longer span is a new question
+    # Without latches the legacy fingerprint is never computed (it is the slow one).
+    engine = importlib.import_module("sessionfold.core.compact")  # (the package exports a
+    # function of that name)
+
+    def refuse(_: object) -> str:
+        raise AssertionError("legacy_fingerprint computed without latches")
+
+    monkeypatch.setattr(engine, "legacy_fingerprint", refuse)
+    assert fold_window(items(messages), POLICY, Scripted(reply=keeps_everything)).spans
 
 
 @pytest.mark.parametrize("error", [
@@ -582,6 +620,21 @@ def test_compact_with_the_offline_summarizer_masks_then_summarizes() -> None:
     assert len(result.spans) == 1 and not result.spans[0].lost_identifiers
     assert any(MASK_TAG in str(m.to_json()) for m in result.messages)
     assert "src/mod_1.py" in result.messages[1].text()  # the most recurring identifiers
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in TRANSCRIPTS.glob("*.json")))
+def test_the_cheap_layers_keep_every_turns_grouping(name: str) -> None:
+    # The planner keeps its turns across a mask or thinning pass, rebinding them to the new
+    # items instead of grouping again: that is right only if the passes never change how items
+    # group (kinds, roles, tool ids). Checked on every shipped transcript, every item eligible.
+    items = items_from_messages(load_conversation_file(TRANSCRIPTS / f"{name}.json").messages)
+    shape = [(t.index, len(t.items)) for t in group_turns(items)]
+    everything = range(len(items))
+    masked = mask_tool_results(items, everything, tokens_to_save=10**9, counter=COUNTER)
+    thinned = drop_thinking(masked.items, everything, tokens_to_save=10**9, counter=COUNTER)
+    assert masked.changed  # the pass did something to check
+    for result in (masked, thinned):
+        assert [(t.index, len(t.items)) for t in group_turns(result.items)] == shape
 
 
 def test_item_chars_given_are_the_records_character_sizes_and_bad_ones_are_refused() -> None:

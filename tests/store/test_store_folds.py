@@ -416,3 +416,26 @@ def test_dead_letters_keep_what_the_workers_gave_up_on(store: SessionStore,
     with pytest.raises(InvalidInputError, match="JSON cannot hold"):
         store.dead_letter("job-3", "a", "x", 1, {"when": object()})
     assert len(store.dead_letters(limit=1)) == 1
+
+
+def test_the_commits_delete_refuses_a_row_inside_a_planned_stretch_it_never_planned(
+        store: SessionStore) -> None:
+    # The delete takes a stretch of planned items that covers its seqs without a gap as one
+    # range: a row inside it that the plan does not name (it cannot exist unless the window
+    # changed) is a lost race, and the rollback keeps every row.
+    from sessionfold.store.fold_commit import Stale, _delete_replaced
+
+    _session(store)
+    items = store.read_window("a").items
+    assert [i.start_seq for i in items[1:4]] == [1, 2, 3]
+    forged = [items[1].model_copy(update={"end_seq": 2}), items[3]]  # says #1 covers #1–#2
+    # (Which of the two is seen first is the order the database returns the rows in.)
+    seen = r"window item #2 appeared among the planned ones|window item #1 changed since"
+    with store.engine.connect() as conn, pytest.raises(Stale, match=seen), conn.begin():
+        _delete_replaced(conn, "a", forged)
+    assert store.read_window("a").items == items
+    # The same items planned as they are: deleted, their tokens counted, in one statement.
+    with store.engine.connect() as conn, conn.begin() as tx:
+        assert _delete_replaced(conn, "a", items[1:4]) == sum(i.tokens or 0 for i in items[1:4])
+        tx.rollback()
+    assert store.read_window("a").items == items
