@@ -149,8 +149,23 @@ def _clip(text: str, limit: int) -> str:
     return text[: max(0, limit - 1)].rstrip() + "…"
 
 
+def _leading_line(text: str, need: int) -> str:
+    """``_one_line(text)``, or a prefix of it at least ``need`` characters long: only a head of
+    a long text is normalized (its last word dropped, as it may be cut)."""
+    n = max(need * 2, 64)
+    while n < len(text):
+        head = _one_line(text[:n])
+        cut = head.rfind(" ")
+        if cut >= need:
+            return head[:cut]
+        n *= 2
+    return _one_line(text)
+
+
 def _first_sentence(text: str, limit: int = 160) -> str:
-    line = _one_line(text)
+    # Only the first limit + 1 characters of the line decide the answer (a stop must start
+    # before ``limit``, and the clip keeps less): a head of them is enough.
+    line = _leading_line(text, limit + 2)
     for stop in (". ", "? ", "! "):
         cut = line.find(stop)
         if 0 < cut < limit:

@@ -4,6 +4,7 @@ summarizer. (The Anthropic summarizer is a provider of the fold runtime, tested 
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,31 @@ def test_extractive_summary_never_exceeds_its_bound(messages: list[Message], max
     result = ExtractiveSummarizer(max_chars=max_chars).summarize(
         messages, previous_summary=previous, must_keep=must_keep)
     assert 0 < len(result.text) <= max_chars
+
+
+def _first_sentence_of_the_whole_line(text: str, limit: int) -> str:
+    """What the extractive summarizer's first sentence was when it normalized the whole text."""
+    line = " ".join(text.split())
+    for stop in (". ", "? ", "! "):
+        cut = line.find(stop)
+        if 0 < cut < limit:
+            line = line[: cut + 1]
+    return line if len(line) <= limit else line[: max(0, limit - 1)].rstrip() + "…"
+
+
+#: Words (a stop now and then) between runs of whitespace of up to 60 characters: the raw text
+#: is often several times longer than its normalized line, as a tool's padded output is.
+_SPACED = st.lists(st.tuples(st.text(alphabet="abcdefgé", min_size=1, max_size=12),
+                             st.sampled_from(["", "", "", "", "", "", "", "", ".", "?", "!"]),
+                             st.text(alphabet=" \n\t\u00a0", min_size=1, max_size=60)),
+                   max_size=150).map(lambda parts: "".join(w + p + s for w, p, s in parts))
+
+
+@settings(max_examples=400)
+@given(text=st.one_of(_SPACED, st.text(alphabet="abcdefghij    \n\t\u00a0é.?", max_size=1200)),
+       limit=st.sampled_from([3, 40, 160]))
+def test_the_first_sentence_read_off_a_head_is_the_whole_lines(text: str, limit: int) -> None:
+    # Only a head of a long text is normalized now: the answer must be the same.
+    summarizers = importlib.import_module("sessionfold.core.summarizers")
+    assert summarizers._first_sentence(text, limit) == _first_sentence_of_the_whole_line(
+        text, limit)
