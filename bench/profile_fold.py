@@ -295,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text + "\n", encoding="utf-8")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n",
-                             encoding="utf-8")
+        run = time.strftime("%Y-%m-%d", time.gmtime())
+        args.json.write_text(json.dumps([{**r.to_json(), "collector": args.gc, "run": run}
+                                         for r in results], indent=2) + "\n", encoding="utf-8")
     return 0 if all(r.folded == r.folds for r in results) else 1
 
 

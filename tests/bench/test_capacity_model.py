@@ -41,7 +41,10 @@ def test_the_plan_scales_with_the_fleet() -> None:
     assert math.isclose(large.events_per_s, small.events_per_s * 100)
     assert math.isclose(large.folds_per_s, small.folds_per_s * 100)
     assert math.isclose(large.ledger_rows_per_day, small.ledger_rows_per_day * 100)
-    assert large.worker_cores >= small.worker_cores * 50  # ceilings round each one up
+    for plan in (small, large):  # cores for the fold CPU at the planned utilisation, rounded up
+        assert plan.worker_cores == math.ceil(
+            plan.folds_per_s * inputs.fold_cpu_s / capacity.UTILISATION)
+    assert large.worker_cores >= small.worker_cores
     assert large.summarizer_dollars_per_h > small.summarizer_dollars_per_h > 0
     assert large.redis_bytes > small.redis_bytes > 0
     assert 1 <= small.scheduler_processes <= large.scheduler_processes
