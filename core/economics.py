@@ -16,10 +16,12 @@ only ever fold deeper), unless none reaches it. The option with the lowest long-
 ``choose_fold`` says ``ceiling`` or ``pays``, or is refused as ``would-not-pay``.
 
 **The budget always wins.** The ceiling passed to the cost model is
-``max(trigger, budget − g)``: a window whose next call would pass it (``X + g > ceiling``, i.e.
-the call after next would pass the budget) folds whatever it costs, leaving one call of growth
-for the background fold to land. Overflow and forced visits are never priced (the planner does
-not call :func:`decide` for them).
+``max(trigger, limit − g)``, the limit being the pre-send guard's line (budget less its margin;
+the budget itself when the policy does not guard): a window whose next call would pass it
+(``X + g > ceiling``, i.e. the call after next would pass the limit) folds whatever it costs,
+leaving one call of growth for the background fold to land (:func:`ceiling_tokens`).
+Overflow and forced visits are never priced (the planner does not call :func:`decide` for
+them).
 
 ``cold`` (an idle visit: the session was idle longer than its cache's lifetime) prices the fold
 without a write premium: its next call rewrites the prefix anyway.
@@ -97,8 +99,17 @@ class FoldShape:
 
 
 def ceiling_tokens(policy: FoldPolicy, growth_tokens: float) -> int:
-    """The largest window a background fold may wait for: ``max(trigger, budget − g)``."""
-    return max(policy.trigger_tokens, policy.budget_tokens - math.ceil(growth_tokens))
+    """The largest window a background fold may wait for: ``max(trigger, limit − g)``.
+
+    The limit is the pre-send guard's line (:attr:`~.policy.FoldPolicy.guard_tokens`, the
+    budget less its margin) when the policy guards requests, else the budget. A request past
+    the guard's line goes out with the cheap layers applied to it alone: its prefix differs from
+    the request before, so the whole window is written to the cache again, and the fold that
+    lands a call later rewrites it once more. Waiting past that line is never cheaper (B1 at
+    16k: 12 of 55 cache breaks were guarded requests just before a fold landed).
+    """
+    limit = policy.guard_tokens if policy.guard else policy.budget_tokens
+    return max(policy.trigger_tokens, limit - math.ceil(growth_tokens))
 
 
 def _options(policy: FoldPolicy, shape: FoldShape) -> list[FoldOption]:

@@ -159,11 +159,18 @@ def test_a_window_about_to_pass_the_budget_folds_however_little_it_pays() -> Non
     assert record.tokens_after < record.measured_tokens
 
 
-def test_the_ceiling_leaves_one_call_of_growth_under_the_budget_but_never_below_the_trigger(
+def test_the_ceiling_leaves_one_call_of_growth_under_the_guard_but_never_below_the_trigger(
         ) -> None:
+    # The guard's line is 95 % of the budget: a request past it is sent with the cheap layers
+    # applied to it alone (a cache break), so the fold must land before it.
     pol = FoldPolicy(budget_tokens=64_000)
-    assert ceiling_tokens(pol, 1000) == 63_000
+    assert pol.guard_tokens == 60_800
+    assert ceiling_tokens(pol, 1000) == 59_800
     assert ceiling_tokens(pol, 20_000) == pol.trigger_tokens == 54_400
+    # Without the guard the budget itself is the line.
+    unguarded = FoldPolicy(budget_tokens=64_000, guard=False)
+    assert ceiling_tokens(unguarded, 1000) == 63_000
+    assert ceiling_tokens(unguarded, 20_000) == 54_400
 
 
 def test_only_options_at_or_under_the_policys_target_are_offered_when_one_reaches_it() -> None:
