@@ -156,8 +156,8 @@ class TokenCounter:
         hit = self._systems.get(system)
         if hit is None:
             hit = self._systems[system] = count_text(system) + MESSAGE_OVERHEAD
-            if len(self._systems) > _SYSTEMS_KEPT:
-                del self._systems[next(iter(self._systems))]
+            if len(self._systems) > _SYSTEMS_KEPT:  # (pop: another thread may drop it first)
+                self._systems.pop(next(iter(self._systems)), None)
         return hit
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -81,6 +82,34 @@ def test_system_prompt_tokens() -> None:
     assert counter.system("") == 0
     assert counter.system("You are terse.") == count_text("You are terse.") + MESSAGE_OVERHEAD
     assert default_counter() is counter
+
+
+def test_system_prompt_counts_are_remembered_a_few_at_a_time_from_many_threads() -> None:
+    # Counts are kept by text (a worker counts the same long prompt on every visit), at most
+    # _SYSTEMS_KEPT of them; threads dropping the oldest at once never fail a count.
+    import threading
+
+    tokens = importlib.import_module("sessionfold.core.tokens")
+
+    counter = TokenCounter()
+    prompts = [f"You are agent {i}. " * 50 for i in range(300)]
+    expected = {p: count_text(p) + MESSAGE_OVERHEAD for p in prompts}
+    errors: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            for p in prompts[offset:] + prompts[:offset]:
+                assert counter.system(p) == expected[p]
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k * 37,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert 0 < len(counter._systems) <= tokens._SYSTEMS_KEPT + 8
 
 
 # --- calibration ---------------------------------------------------------------------------------
