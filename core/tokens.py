@@ -124,8 +124,7 @@ class TokenCounter:
 
     def message(self, message: Message) -> int:
         if isinstance(message.content, str) and len(message.content) < 64:
-            # Not worth a cache entry; counted exactly like the one text block it stands for.
-            return MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text(message.content)
+            return self.fresh(message)  # not worth a cache entry
         key = _digest(message)
         hit = self._cache.get(key)
         if hit is not None:
@@ -141,7 +140,8 @@ class TokenCounter:
         """:meth:`message` for a message just built (a stub, a summary, a thinned copy): the
         same count, without the digest and cache entry that only a message counted again
         would use (its item carries the count from then on)."""
-        if isinstance(message.content, str) and len(message.content) < 64:
+        if isinstance(message.content, str):
+            # Counted exactly like the one text block it stands for, without building it.
             return MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text(message.content)
         return MESSAGE_OVERHEAD + sum(_block_tokens(b) + BLOCK_OVERHEAD for b in message.blocks())
 

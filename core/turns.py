@@ -135,22 +135,18 @@ class Protection:
 
     def reason(self, turn: Turn) -> RefusalReason | None:
         """The reason ``turn`` may not be folded, or None if it may."""
-        items = turn.items  # (plain loops: the planner asks this of every turn, often)
-        first = self.first_user_seq
-        if first is not None:
-            for item in items:
-                if item.start_seq == first and item.kind == "message":
-                    return "first-user"
+        if self.first_user_seq is not None and any(
+            item.start_seq == self.first_user_seq and item.kind == "message"
+            for item in turn.items
+        ):
+            return "first-user"
         if self.pinned and any(
-            s in self.pinned for item in items
+            s in self.pinned for item in turn.items
             for s in range(item.start_seq, item.end_seq + 1)
         ):
             return "pinned"
-        unresolved = self.unresolved_seqs
-        if unresolved:
-            for item in items:
-                if item.start_seq in unresolved:
-                    return "unresolved-tool-call"
+        if any(item.start_seq in self.unresolved_seqs for item in turn.items):
+            return "unresolved-tool-call"
         if self.keep_from_seq is not None and turn.end_seq >= self.keep_from_seq:
             return "inside-keep-window"
         return None

@@ -24,8 +24,7 @@ from .claims import earlier_incarnation
 from .dead_letters import insert_dead_letter
 from .fold_commit import record_visit_locked
 from .results import GaveUp
-from .schema import sessions
-from .sessions import lock_session
+from .sessions import lock_session, update_session
 
 __all__ = ["give_up_locked"]
 
@@ -52,6 +51,5 @@ def give_up_locked(conn: Connection, sid: str, job_id: str, reason: str, attempt
     record_id, _, _ = record_visit_locked(conn, sid, record, job_id=job_id, epoch=epoch,
                                        incarnation=incarnation, now=now)
     if pause:
-        conn.execute(sessions.update().where(sessions.c.id == sid).values(paused=True,
-                                                                          updated_at=now))
+        update_session(conn, sid, {"paused": True, "updated_at": now})
     return GaveUp(dead_letter_id=letter, record_id=record_id, record=record, paused=pause)

@@ -49,7 +49,7 @@ from .codec import decode_message
 from .db import Database
 from .results import SearchHit
 from .schema import ledger, ledger_chunks, sessions
-from .sessions import load_session, lock_session
+from .sessions import load_session, lock_session, update_session
 
 __all__ = [
     "MAX_LIMIT",
@@ -255,7 +255,7 @@ def _reindex_session(db: Database, sid: str, batch: int) -> int:
     with db.write() as conn:
         # Every row up to the tail was seen; later rows were indexed by their appends.
         lock_session(conn, sid)
-        conn.execute(sessions.update().where(sessions.c.id == sid).values(search_pending=False))
+        update_session(conn, sid, {"search_pending": False})
     return indexed
 
 

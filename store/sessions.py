@@ -96,8 +96,6 @@ def _not_found(sid: str) -> SessionNotFoundError:
 # more than running it (SQLAlchemy still caches the compiled form either way).
 _SELECT_SESSION = sa.select(sessions).where(sessions.c.id == sa.bindparam("sid"))
 _LOCK_SESSION = _SELECT_SESSION.with_for_update(key_share=True)
-
-
 _UPDATE_SESSION = sessions.update().where(sessions.c.id == sa.bindparam("sid"))
 
 
@@ -180,8 +178,9 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
 
 def set_policy(conn: Connection, sid: str, policy: FoldPolicy, *, now: datetime) -> None:
     lock_session(conn, sid)
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(
-        policy=policy.to_json(), trigger_tokens=opening_trigger_tokens(policy), updated_at=now))
+    update_session(conn, sid, {"policy": policy.to_json(),
+                               "trigger_tokens": opening_trigger_tokens(policy),
+                               "updated_at": now})
 
 
 def set_paused(conn: Connection, sid: str, paused: bool, *,
@@ -200,7 +199,7 @@ def set_paused(conn: Connection, sid: str, paused: bool, *,
                                            or row.claim_expires_at <= now):
             values.update(claimed_by=None, claim_expires_at=None,
                           fold_epoch=row.fold_epoch + 1)
-    conn.execute(sessions.update().where(sessions.c.id == sid).values(**values))
+    update_session(conn, sid, values)
 
 
 def delete_session(conn: Connection, sid: str) -> bool:
