@@ -101,6 +101,16 @@ def test_a_window_read_names_each_decoded_items_json_size_and_none_for_a_cached_
         measured = fold_window(window.items, policy, None)
         assert (given.record.chars_before, given.record.chars_after) == (
             measured.record.chars_before, measured.record.chars_after)
+    # A committed fold's summary item too.
+    store.create_session("a", POLICY, system="sys")
+    store.append("a", [user("task"), *(m for i in range(20) for m in turn(str(i)))])
+    claim = store.claim("a", "job-1")
+    store.commit_fold("a", plan(store, "a"), epoch=claim.epoch, incarnation=claim.incarnation,
+                      job_id="job-1")
+    folded = uncached.read_window("a")
+    assert any(i.kind == "summary" for i in folded.items)
+    assert folded.chars == [len(i.message.model_dump_json(exclude_unset=True))
+                            for i in folded.items]
     store.read_window("t0")  # now cached in this process: only new items are decoded
     store.append("t0", [user("one more")])
     again = store.read_window("t0")
