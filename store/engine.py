@@ -23,6 +23,8 @@ forks or changes directory still opens the same file.
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +139,25 @@ def create_store_engine(url: str | URL, *, echo: bool = False, pool_size: int = 
     )
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another process holds the lock it needs.
+
+    Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
+    locked" at once there rather than wait for the busy timeout when another connection holds
+    a shared lock (eight processes starting on one new file at the same moment hit it about
+    one time in ten). The switch is made once per file; every later one finds WAL set.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _install_sqlite_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -144,8 +165,8 @@ def _install_sqlite_transactions(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            _switch_to_wal(cursor)
             # NORMAL is durable across application crashes in WAL mode (only an OS crash or power
             # loss can drop the last commits), and much cheaper than FULL per commit.
             cursor.execute("PRAGMA synchronous=NORMAL")
