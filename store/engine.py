@@ -23,7 +23,6 @@ forks or changes directory still opens the same file.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -139,7 +138,7 @@ def create_store_engine(url: str | URL, *, echo: bool = False, pool_size: int = 
     )
 
 
-def _switch_to_wal(cursor: Any) -> None:
+def _switch_to_wal(dbapi_connection: Any, cursor: Any) -> None:
     """``PRAGMA journal_mode=WAL``, retried while another process holds the lock it needs.
 
     Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
@@ -152,7 +151,7 @@ def _switch_to_wal(cursor: Any) -> None:
         try:
             cursor.execute("PRAGMA journal_mode=WAL")
             return
-        except sqlite3.OperationalError as exc:
+        except dbapi_connection.OperationalError as exc:  # (the driver's, via DB-API)
             if "locked" not in str(exc) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.01)
@@ -166,7 +165,7 @@ def _install_sqlite_transactions(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            _switch_to_wal(cursor)
+            _switch_to_wal(dbapi_connection, cursor)
             # NORMAL is durable across application crashes in WAL mode (only an OS crash or power
             # loss can drop the last commits), and much cheaper than FULL per commit.
             cursor.execute("PRAGMA synchronous=NORMAL")
