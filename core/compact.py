@@ -77,7 +77,16 @@ from .policy import FoldPolicy
 from .retention import check_retention, excerpts, extract_identifiers
 from .summarizers import Summarizer
 from .tokens import Calibration, TokenCounter, count_text, default_counter
-from .turns import Protection, Run, Turn, foldable_runs, group_turns, protect, protection_refusals
+from .turns import (
+    Protection,
+    Run,
+    Turn,
+    foldable_runs,
+    group_turns,
+    protect,
+    protection_refusals,
+    turn_reasons,
+)
 from .window import (
     CompactionRecord,
     FoldEdit,
@@ -204,6 +213,16 @@ def _message_chars(message: Message) -> int:
     return len(message.model_dump_json(exclude_unset=True))
 
 
+@dataclass(frozen=True)
+class _Guarded:
+    """What protection holds in one grouping of the window (see :meth:`_Planner.guarded`)."""
+
+    turns: list[Turn]
+    protection: Protection
+    reasons: list[RefusalReason | None]
+    positions: tuple[int, ...]
+
+
 @dataclass
 class _Paid:
     """Summarizer usage of one span, accumulated call by call (kept even if a call fails)."""
@@ -245,15 +264,27 @@ class _Planner:
     error: SummarizerError | None = None
     #: ``group_turns(self.items)``, kept until the items change (replace, apply_pass).
     _turns: list[Turn] | None = field(default=None, repr=False)
-    #: ``unprotected_positions()`` for the turns and protection it was computed from.
-    _unprotected: tuple[list[Turn], Protection, tuple[int, ...]] | None = field(
-        default=None, repr=False)
+    #: For the turns and protection they were computed from: each turn's protection reason,
+    #: and the positions of the items no protection holds (``unprotected_positions``).
+    _guarded: _Guarded | None = field(default=None, repr=False)
 
     def turns(self) -> list[Turn]:
         """The items grouped into turns (computed once per change of the items)."""
         if self._turns is None:
             self._turns = group_turns(self.items)
         return self._turns
+
+    def guarded(self) -> _Guarded:
+        """Each turn's protection reason and the unprotected positions, computed once per
+        change of the turns' shape or of the protection (a fold asks for them in every pass)."""
+        turns, protection = self.turns(), self.protection
+        held = self._guarded
+        if held is None or held.turns is not turns or held.protection is not protection:
+            reasons = turn_reasons(turns, protection)
+            positions = tuple(pos for turn, reason in zip(turns, reasons, strict=True)
+                              if reason is None for pos in range(turn.index, turn.stop))
+            held = self._guarded = _Guarded(turns, protection, reasons, positions)
+        return held
 
     # --- measuring --------------------------------------------------------------------------
 
@@ -278,6 +309,10 @@ class _Planner:
         turns = self._turns
         if turns is not None and len(items) == len(self.items):
             self._turns = [Turn(t.index, tuple(items[t.index:t.stop])) for t in turns]
+            held = self._guarded
+            if held is not None and held.turns is turns:
+                # Same seqs and kinds turn for turn: protection (keyed by seq) says the same.
+                self._guarded = replace(held, turns=self._turns)
         else:
             self._turns = None
         self.items = items
@@ -307,7 +342,8 @@ class _Planner:
                 else "notice" if "drop-oldest" in self.policy.layers else None)
         if kind is None:
             return shape
-        runs = [r for r in foldable_runs(dry.turns(), self.protection) if r.body]
+        runs = [r for r in foldable_runs(dry.turns(), self.protection,
+                                         reasons=dry.guarded().reasons) if r.body]
         folded = sum(dry.turn_tokens(t) for r in runs for t in r.turns)
         each = self.summary_reserve() if kind == "summary" else _NOTICE_TOKENS
         written = self.slope * each * len(runs)
@@ -348,14 +384,7 @@ class _Planner:
     # --- cheap layers -----------------------------------------------------------------------
 
     def unprotected_positions(self) -> list[int]:
-        turns, protection = self.turns(), self.protection
-        held = self._unprotected
-        if held is not None and held[0] is turns and held[1] is protection:
-            return list(held[2])
-        positions = [pos for turn in turns if protection.reason(turn) is None
-                     for pos in range(turn.index, turn.stop)]
-        self._unprotected = (turns, protection, tuple(positions))
-        return positions
+        return list(self.guarded().positions)
 
     def clip(self) -> None:
         limit = self.policy.max_item_tokens
@@ -394,8 +423,7 @@ class _Planner:
             i.kind == "message" and i.message.role == "assistant" for i in t.items)),
             default=-1)
         runs: list[list[Turn]] = []
-        for turn in turns:
-            reason = self.protection.reason(turn)
+        for turn, reason in zip(turns, self.guarded().reasons, strict=True):
             droppable = (turn.is_recall and not turn.unresolved_tool_use_ids() and (
                 reason is None or (reason == "inside-keep-window" and turn.index < moved_on)))
             if not droppable:
@@ -437,7 +465,8 @@ class _Planner:
         """Fold the oldest runs, prefix by prefix, until at or under the target."""
         finished: set[int] = set()
         while self.over():
-            runs = foldable_runs(self.turns(), self.protection)
+            runs = foldable_runs(self.turns(), self.protection,
+                                 reasons=self.guarded().reasons)
             run = next((r for r in runs if r.start_seq not in finished), None)
             if run is None:
                 return
@@ -805,7 +834,8 @@ def fold_window(
                    latched=latched, originals=originals)
     planner.clip()
     planner.protection = protect(planner.items, policy, pinned, turns=planner.turns())
-    protected = protection_refusals(planner.turns(), planner.protection)
+    protected = protection_refusals(planner.turns(), planner.protection,
+                                    reasons=planner.guarded().reasons)
     choice: FoldChoice | None = None
     if economics is not None and priced:
         choice = decide(policy, economics, planner.shape(economics.growth_tokens))

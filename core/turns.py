@@ -44,6 +44,7 @@ __all__ = [
     "group_turns",
     "protect",
     "protection_refusals",
+    "turn_reasons",
 ]
 
 
@@ -226,16 +227,27 @@ class Run:
         return self.turns[1:] if self.head is not None else self.turns
 
 
-def foldable_runs(turns: Sequence[Turn], protection: Protection) -> list[Run]:
+def turn_reasons(turns: Sequence[Turn], protection: Protection) -> list[RefusalReason | None]:
+    """``protection.reason`` of each turn, in order (a planner keeps this list while the turns
+    keep their shape, instead of asking again per pass)."""
+    reason = protection.reason
+    return [reason(turn) for turn in turns]
+
+
+def foldable_runs(turns: Sequence[Turn], protection: Protection, *,
+                  reasons: Sequence[RefusalReason | None] | None = None) -> list[Run]:
     """The runs of consecutive unprotected turns, oldest first.
 
     A summary or notice *inside* a run (left there when the caller's pins changed) stays part of
     the run: a fold that reaches it takes it along as one more message of the span.
+    ``reasons``: :func:`turn_reasons` of ``turns`` when the caller holds it.
     """
+    if reasons is None:
+        reasons = turn_reasons(turns, protection)
     runs: list[Run] = []
     current: list[Turn] = []
-    for turn in turns:
-        if protection.reason(turn) is None:
+    for turn, reason in zip(turns, reasons, strict=True):
+        if reason is None:
             current.append(turn)
             continue
         if current:
@@ -246,11 +258,14 @@ def foldable_runs(turns: Sequence[Turn], protection: Protection) -> list[Run]:
     return runs
 
 
-def protection_refusals(turns: Sequence[Turn], protection: Protection) -> list[Refusal]:
-    """One refusal per stretch of consecutive turns protected for the same reason."""
+def protection_refusals(turns: Sequence[Turn], protection: Protection, *,
+                        reasons: Sequence[RefusalReason | None] | None = None) -> list[Refusal]:
+    """One refusal per stretch of consecutive turns protected for the same reason.
+    ``reasons``: :func:`turn_reasons` of ``turns`` when the caller holds it."""
+    if reasons is None:
+        reasons = turn_reasons(turns, protection)
     refusals: list[Refusal] = []
-    for turn in turns:
-        reason = protection.reason(turn)
+    for turn, reason in zip(turns, reasons, strict=True):
         if reason is None:
             continue
         last = refusals[-1] if refusals else None

@@ -23,6 +23,7 @@ the database holds at that moment.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from sessionfold.core.window import WindowItem
@@ -42,10 +43,14 @@ class ItemCache:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity
-        # Plain dicts keep insertion order: eviction drops the oldest insert (no LRU bookkeeping
-        # on the read path; an evicted item that is still read is simply fetched again).
-        self._items: dict[ItemKey, WindowItem] = {}
-        self._known: dict[str, tuple[int, int]] = {}  # session id → (incarnation, revision)
+        # Eviction drops the oldest insert (no LRU bookkeeping on the read path; an evicted item
+        # that is still read is simply fetched again). OrderedDict, not dict: a plain dict
+        # leaves a dummy slot per deleted entry at its front until it resizes, so finding the
+        # oldest with next(iter()) scans every dummy: in a worker at capacity that was ~1 ms
+        # per 300-item window read (bench/RESULTS.md, "Fold CPU a fourth time").
+        self._items: OrderedDict[ItemKey, WindowItem] = OrderedDict()
+        # session id → (incarnation, revision)
+        self._known: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -74,9 +79,9 @@ class ItemCache:
                 revision = held[1]
             self._known[sid] = (incarnation, revision)
             while len(items) > self.capacity:
-                del items[next(iter(items))]
+                items.popitem(last=False)
             while len(self._known) > max(1000, self.capacity // 10):
-                del self._known[next(iter(self._known))]
+                self._known.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
+import sessionfold.core.tokens as tokens_module
 from anthropic.types import Usage
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,6 +31,8 @@ from sessionfold.core.tokens import (
     reported_prompt_tokens,
 )
 
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "data" / "transcripts"
+
 # --- estimates -----------------------------------------------------------------------------------
 
 def test_count_text_uses_the_offline_encoding() -> None:
@@ -36,6 +40,60 @@ def test_count_text_uses_the_offline_encoding() -> None:
     assert count_text("hello world") == 2
     # Special-token text is counted as plain text, never raises.
     assert count_text("<|endoftext|>") > 1
+
+
+def _tiktoken(text: str) -> int:
+    """The encoder's own count, with no shortcut of this module's."""
+    return len(tokens_module._encoding().encode_ordinary(text))
+
+
+# ASCII texts the way tool output and the layers' lines look: words, numbers with separators,
+# runs of spaces and line breaks, contractions, punctuation next to digits.
+_ascii_piece = st.one_of(
+    st.text(alphabet="abcXYZ'_-.,:;#[](){}/\\\"$%+=*", min_size=1, max_size=6),
+    st.integers(min_value=0, max_value=10**12).map(str),
+    st.integers(min_value=0, max_value=10**9).map(lambda n: f"{n:,}"),
+    st.sampled_from([" ", "  ", "\n", "\r\n", "\t", " \n ", "'s", "'ll", "0", "007"]),
+)
+
+
+@given(st.lists(_ascii_piece, max_size=30).map("".join))
+def test_short_ascii_texts_count_exactly_what_tiktoken_counts(text: str) -> None:
+    # count_text counts short ASCII texts by their shape (digit runs written as one digit): the
+    # shortcut must never change a count.
+    assert count_text(text) == _tiktoken(text)
+
+
+def test_every_short_transcript_string_counts_exactly_what_tiktoken_counts() -> None:
+    from sessionfold.core.messages import load_conversation_file
+
+    checked = 0
+    for path in sorted(TRANSCRIPTS.glob("*.json")):
+        for message in load_conversation_file(path).messages:
+            for block in message.blocks():
+                for text in (getattr(block, "text", None), getattr(block, "content", None)):
+                    if not isinstance(text, str):
+                        continue
+                    for line in [text, *text.splitlines(keepends=True)]:
+                        if len(line) <= 256 and line.isascii():
+                            assert count_text(line) == _tiktoken(line), line
+                            checked += 1
+    assert checked > 1000
+
+
+@pytest.mark.parametrize("text", ["\u00b2123", "1\u00b234567", "x \u0663\u0663 12,345 \u00bd9"])
+def test_texts_where_other_numerals_join_a_digit_run_count_exactly(text: str) -> None:
+    # "²123" is one run of four numerals to cl100k (pieces "²12" and "3"): its shape would not
+    # count it, so non-ASCII texts are always counted whole.
+    assert count_text(text) == _tiktoken(text)
+
+
+def test_layer_lines_count_exactly_whatever_their_numbers() -> None:
+    from sessionfold.core.layers import MASK_TAG
+
+    for size, seq in [(0, 0), (400, 7), (12_345, 193), (9_999_999, 1_000_001), (10**12, 5)]:
+        stub = f"{MASK_TAG} to save context: {size:,} characters; ledger #{seq} holds it whole.]"
+        assert count_text(stub) == _tiktoken(stub)
 
 
 def test_message_framing_is_added_per_message_and_per_block() -> None:
