@@ -49,7 +49,9 @@ it). ``force=True`` counts a takeover but is never refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
@@ -65,6 +67,7 @@ __all__ = [
     "check_incarnation",
     "check_job_id",
     "claim_locked",
+    "claim_session",
     "committed_fold_record",
     "earlier_incarnation",
 ]
@@ -124,7 +127,20 @@ def earlier_incarnation(sid: str, planned: int | None, current: int, *,
 def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int | None,
                  lease_s: float, force: bool, clock: LeaseClock,
                  max_abandoned: int | None = None, incarnation: int | None = None) -> Claim:
-    """Claim ``sid`` for ``job_id`` under the session lock (see the module doc).
+    """Claim ``sid`` for ``job_id`` under the session lock (see the module doc and
+    :func:`claim_session`, which also gives the session row as the claim left it)."""
+    return claim_session(conn, sid, job_id, enqueued_epoch=enqueued_epoch, lease_s=lease_s,
+                         force=force, clock=clock, max_abandoned=max_abandoned,
+                         incarnation=incarnation)[0]
+
+
+def claim_session(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int | None,
+                  lease_s: float, force: bool, clock: LeaseClock,
+                  max_abandoned: int | None = None,
+                  incarnation: int | None = None) -> tuple[Claim, Mapping[str, Any]]:
+    """Claim ``sid`` for ``job_id`` under the session lock (see the module doc), and the
+    session row as this transaction now holds it (column → value, the claim's own update
+    applied): a fold plans on it without reading the row a second time.
 
     ``clock`` gives the lease time (the database's clock: see the module doc), read once the
     row lock is held, so a claim that queued behind another writer does not start its lease
@@ -151,12 +167,12 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
     dead = row.claimed_by is not None and not live
     abandoned = row.abandoned_folds + (1 if dead else 0)
 
-    def refuse(status: str, detail: str) -> Claim:
+    def refuse(status: str, detail: str) -> tuple[Claim, Mapping[str, Any]]:
         return Claim(status=status, session_id=sid, job_id=job_id,  # type: ignore[arg-type]
                      epoch=row.fold_epoch, revision=row.revision, incarnation=row.incarnation,
                      holder=row.claimed_by if live else None,
                      expires_at=row.claim_expires_at if live else None, detail=detail,
-                     abandoned_folds=row.abandoned_folds)
+                     abandoned_folds=row.abandoned_folds), cast(Mapping[str, Any], row._mapping)
 
     if not force:
         if committed_fold_record(conn, sid, job_id) is not None:
@@ -172,20 +188,21 @@ def claim_locked(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: int
             # End the dead claim here (counted once, its holder fenced off by the new epoch),
             # and claim nothing: the caller gives the session up.
             epoch = row.fold_epoch + 1
-            update_session(conn, sid, {
-                "fold_epoch": epoch, "claimed_by": None, "claim_expires_at": None,
-                "abandoned_folds": abandoned, "updated_at": now})
+            ended = {"fold_epoch": epoch, "claimed_by": None, "claim_expires_at": None,
+                     "abandoned_folds": abandoned, "updated_at": now}
+            update_session(conn, sid, ended)
             return Claim(status="abandoned", session_id=sid, job_id=job_id, epoch=epoch,
                          revision=row.revision, incarnation=row.incarnation,
                          abandoned_folds=abandoned,
                          detail=f"the fold of this session was abandoned {abandoned} times in "
-                                f"a row (worker lost; max {max_abandoned})")
+                                f"a row (worker lost; max {max_abandoned})"), \
+                {**row._mapping, **ended}
     epoch = row.fold_epoch + 1
     expires = now + timedelta(seconds=float(lease_s))
-    update_session(conn, sid, {
-        "fold_epoch": epoch, "claimed_by": job_id, "claim_expires_at": expires,
-        "abandoned_folds": abandoned, "updated_at": now})
+    claimed = {"fold_epoch": epoch, "claimed_by": job_id, "claim_expires_at": expires,
+               "abandoned_folds": abandoned, "updated_at": now}
+    update_session(conn, sid, claimed)
     return Claim(status="claimed", session_id=sid, job_id=job_id, epoch=epoch,
                  revision=row.revision, incarnation=row.incarnation, holder=job_id,
                  expires_at=expires,
-                 abandoned_folds=abandoned)
+                 abandoned_folds=abandoned), {**row._mapping, **claimed}

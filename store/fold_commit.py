@@ -48,6 +48,7 @@ from sessionfold.core.tokens import Calibration, TokenCounter
 from sessionfold.core.window import CompactionRecord, FoldEdit, WindowItem
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.dml import ReturningDelete
 
 from .claims import committed_fold_record, earlier_incarnation
 from .codec import encode_message
@@ -158,12 +159,16 @@ def _stored_record(row: Row[Any]) -> StoredRecord:
     return record
 
 
+_INSERT_RECORD = compaction_records.insert().returning(compaction_records.c.id)
+_INSERT_SPANS = folds.insert().returning(*folds.c, sort_by_parameter_order=True)
+
+
 def _insert_record(conn: Connection, sid: str, record: CompactionRecord, *, job_id: str | None,
                    epoch: int | None, revision: int, now: datetime) -> int:
-    inserted = conn.execute(compaction_records.insert().values(
-        session_id=sid, job_id=job_id, epoch=epoch, revision=revision, trigger=record.trigger,
-        outcome=record.outcome, record=record.model_dump(mode="json"), created_at=now,
-    ).returning(compaction_records.c.id))
+    inserted = conn.execute(_INSERT_RECORD, {
+        "session_id": sid, "job_id": job_id, "epoch": epoch, "revision": revision,
+        "trigger": record.trigger, "outcome": record.outcome,
+        "record": record.model_dump(mode="json"), "created_at": now})
     return int(inserted.scalar_one())
 
 
@@ -180,25 +185,45 @@ def _latch(conn: Connection, sid: str, record: CompactionRecord, now: datetime) 
         conn.execute(refusal_latches.insert(), rows)
 
 
-def _starts_in(items: Sequence[WindowItem]) -> sa.ColumnElement[bool]:
-    """``start_seq`` of one of ``items`` (sorted, as the fold's edit lists them): a range for
-    each stretch that covers its seqs without a gap (no other item can start inside one; a
-    summarized span is one stretch), the other starts as a list. A range is far cheaper to
-    build and run than a long list of parameters."""
+#: Stretches a delete names as ranges; the starts of any further ones go in its list.
+_MAX_RANGES = 4
+
+
+def _delete_statement(ranges: int) -> ReturningDelete[Any]:
+    """``DELETE … RETURNING`` of the items whose start is in one of ``ranges`` ranges
+    (``lo0``/``hi0``…) or in the list ``starts``: built once per number of ranges (building it
+    cost more than running it)."""
     start = window_items.c.start_seq
-    if not items:
-        return sa.false()
+    terms = [start.between(sa.bindparam(f"lo{i}"), sa.bindparam(f"hi{i}"))
+             for i in range(ranges)]
+    terms.append(start.in_(sa.bindparam("starts", expanding=True)))
+    return (window_items.delete()
+            .where(window_items.c.session_id == sa.bindparam("sid"), sa.or_(*terms))
+            .returning(window_items.c.start_seq, window_items.c.end_seq,
+                       window_items.c.version, window_items.c.tokens))
+
+
+_DELETES = [_delete_statement(n) for n in range(_MAX_RANGES + 1)]
+
+
+def _starts_in(items: Sequence[WindowItem]) -> tuple[ReturningDelete[Any], dict[str, Any]]:
+    """The delete of ``items`` (sorted, as the fold's edit lists them) and its parameters: a
+    range for each stretch that covers its seqs without a gap (no other item can start inside
+    one; a summarized span is one stretch), the other starts as a list. A range is far cheaper
+    to run than a long list of parameters."""
     stretches: list[list[WindowItem]] = []
     for item in items:
         if stretches and item.start_seq == stretches[-1][-1].end_seq + 1:
             stretches[-1].append(item)
         else:
             stretches.append([item])
-    single = [s[0].start_seq for s in stretches if len(s) == 1]
-    terms = [start.between(s[0].start_seq, s[-1].start_seq) for s in stretches if len(s) > 1]
-    if single:
-        terms.append(start.in_(single))
-    return sa.or_(*terms)
+    long = [s for s in stretches if len(s) > 1][:_MAX_RANGES]
+    named = {id(s) for s in long}
+    params: dict[str, Any] = {
+        "starts": [item.start_seq for s in stretches if id(s) not in named for item in s]}
+    for i, s in enumerate(long):
+        params[f"lo{i}"], params[f"hi{i}"] = s[0].start_seq, s[-1].start_seq
+    return _DELETES[len(long)], params
 
 
 def _delete_replaced(conn: Connection, sid: str, replaced: Sequence[WindowItem]) -> int:
@@ -209,11 +234,8 @@ def _delete_replaced(conn: Connection, sid: str, replaced: Sequence[WindowItem])
     planned = {item.start_seq: item for item in replaced}
     removed = 0
     deleted: set[int] = set()
-    for start, end, version, tokens in conn.execute(
-            window_items.delete()
-            .where(window_items.c.session_id == sid, _starts_in(replaced))
-            .returning(window_items.c.start_seq, window_items.c.end_seq, window_items.c.version,
-                       window_items.c.tokens)):
+    statement, params = _starts_in(replaced)
+    for start, end, version, tokens in conn.execute(statement, {"sid": sid, **params}):
         item = planned.get(start)
         if item is None:  # inside a planned range: an item the plan never saw
             raise Stale(f"window item #{start} appeared among the planned ones (another fold "
@@ -272,8 +294,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     spans: list[StoredSpan] = []
     if span_rows:
         try:
-            spans = [_stored_span(r) for r in conn.execute(
-                folds.insert().returning(*folds.c, sort_by_parameter_order=True), span_rows)]
+            spans = [_stored_span(r) for r in conn.execute(_INSERT_SPANS, span_rows)]
         except sa_exc.IntegrityError as exc:
             # The items passed the compare-and-set, so this is no race: the plan re-folds exactly
             # the range of an earlier span (the planner refuses that as only-existing-summary).

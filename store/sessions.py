@@ -125,8 +125,8 @@ def lock_session(conn: Connection, sid: str) -> Row[Any]:
     return row
 
 
-def session_info(row: Row[Any]) -> SessionInfo:
-    m = row._mapping
+def session_info(row: Row[Any] | Mapping[str, Any]) -> SessionInfo:
+    m = row._mapping if isinstance(row, Row) else row
     return SessionInfo(
         id=m["id"],
         policy=FoldPolicy.from_json(m["policy"]),

@@ -406,13 +406,13 @@ class SessionStore:
         sid = sessions.check_session_id(sid)
         job_id = claims.check_job_id(job_id)
         with self._db.write() as conn:
-            claim = claims.claim_locked(conn, sid, job_id, enqueued_epoch=enqueued_epoch,
-                                        lease_s=lease_s, force=force, clock=self._db.lease_now,
-                                        max_abandoned=max_abandoned, incarnation=incarnation)
+            claim, row = claims.claim_session(
+                conn, sid, job_id, enqueued_epoch=enqueued_epoch, lease_s=lease_s, force=force,
+                clock=self._db.lease_now, max_abandoned=max_abandoned, incarnation=incarnation)
             if not claim.claimed:
                 return FoldContext(claim)
             window = windows.read_window(conn, sid, self.item_cache)
-            info = sessions.session_info(sessions.load_session(conn, sid))
+            info = sessions.session_info(row)  # the row the claim locked, as it left it
             latched = frozenset(fold_commit.latched(conn, sid, known=True))
         return FoldContext(claim, window=window, session=info, latched=latched)
 

@@ -7,7 +7,7 @@ import pytest
 from sessionfold.core.errors import InvalidInputError, StaleSpanError
 from sessionfold.core.window import CompactionRecord, Refusal
 from sessionfold.store import FoldContext, SessionStore
-from store_helpers import POLICY, check_window, hand_fold, turn, user
+from store_helpers import POLICY, Clock, check_window, hand_fold, turn, user
 
 
 def _session(store: SessionStore, steps: int = 20, sid: str = "a") -> None:
@@ -31,6 +31,19 @@ def test_begin_fold_claims_and_reads_the_window_the_session_and_the_latches(
     assert context.session.claimed_by == "job-1"  # read after the claim, in its transaction
     assert context.session.fold_epoch == context.claim.epoch
     assert context.latched == frozenset(store.latched("a")) == {"f" * 64}
+    # The row the claim locked, with the claim's update applied, is the row as stored.
+    assert context.session == store.get_session("a")
+
+
+def test_a_claim_that_takes_over_a_dead_one_reads_the_session_as_stored(
+        store: SessionStore, clock: Clock) -> None:
+    _session(store)
+    assert store.begin_fold("a", "dead-job", enqueued_epoch=0, lease_s=1.0).claim.claimed
+    clock.advance(2.0)  # the lease ran out: its holder never finished
+    context = store.begin_fold("a", "job-2")
+    assert context.claim.claimed and context.claim.abandoned_folds == 1
+    assert context.session == store.get_session("a")
+    assert context.session is not None and context.session.abandoned_folds == 1
 
 
 def test_a_duplicate_begin_fold_stops_at_the_claim_and_reads_nothing(

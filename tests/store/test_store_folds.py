@@ -439,3 +439,30 @@ def test_the_commits_delete_refuses_a_row_inside_a_planned_stretch_it_never_plan
         assert _delete_replaced(conn, "a", items[1:4]) == sum(i.tokens or 0 for i in items[1:4])
         tx.rollback()
     assert store.read_window("a").items == items
+
+
+def test_the_commits_delete_takes_any_number_of_stretches_and_loose_items(
+        store: SessionStore) -> None:
+    # Stretches beyond the ranges one statement names go into its list of starts: every shape
+    # of plan deletes exactly its items, and a changed item anywhere in it is a lost race.
+    from sessionfold.store.fold_commit import _MAX_RANGES, Stale, _delete_replaced
+
+    _session(store, steps=40)
+    items = store.read_window("a").items
+    # Pairs of neighbours with a gap between them: more stretches than the statement has ranges,
+    # and loose single items after them.
+    picked = [item for n in range(_MAX_RANGES + 3) for item in items[1 + 3 * n:3 + 3 * n]]
+    picked += items[40:60:4]
+    with store.engine.connect() as conn, conn.begin() as tx:
+        assert _delete_replaced(conn, "a", picked) == sum(i.tokens or 0 for i in picked)
+        left = [r[0] for r in conn.exec_driver_sql(
+            "SELECT start_seq FROM window_items WHERE session_id = 'a' ORDER BY start_seq")]
+        tx.rollback()
+    assert left == [i.start_seq for i in items if i not in picked]
+    for victim in (picked[-3], picked[2 * (_MAX_RANGES + 1)], picked[0]):
+        changed = [i.model_copy(update={"version": i.version + 1}) if i is victim else i
+                   for i in picked]
+        with store.engine.connect() as conn, pytest.raises(Stale, match="changed since"), \
+                conn.begin():
+            _delete_replaced(conn, "a", changed)
+    assert store.read_window("a").items == items
