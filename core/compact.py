@@ -66,6 +66,7 @@ from .frame import (
 )
 from .layers import (
     DROP_RECALL,
+    LayerMemo,
     clip_oversized,
     drop_recall_items,
     drop_thinking,
@@ -267,6 +268,9 @@ class _Planner:
     #: For the turns and protection they were computed from: each turn's protection reason,
     #: and the positions of the items no protection holds (``unprotected_positions``).
     _guarded: _Guarded | None = field(default=None, repr=False)
+    #: What each cheap layer made of each item, kept for the visit once a priced visit's dry
+    #: run starts (its real pass then masks or thins no item twice); None: not kept.
+    memos: dict[str, LayerMemo] | None = field(default=None, repr=False)
 
     def turns(self) -> list[Turn]:
         """The items grouped into turns (computed once per change of the items)."""
@@ -326,10 +330,15 @@ class _Planner:
 
     def shape(self, growth_tokens: float | None) -> FoldShape:
         """What this visit could do, measured on a copy (the free layers only, no I/O)."""
+        # The dry run starts from this planner's items, grouping and layer memos (the same
+        # objects: what it computes is kept for the real pass).
+        if self.memos is None:
+            self.memos = {}
         dry = _Planner(items=list(self.items), policy=self.policy, summarizer=None,
                        sizes=self.sizes, target=0, slope=self.slope, current=self.current,
                        force=self.force, pinned=self.pinned, latched=self.latched,
-                       protection=self.protection)
+                       protection=self.protection, _turns=self._turns, _guarded=self._guarded,
+                       memos=self.memos)
         dry.drop_recall()
         for layer in self.policy.layers:
             if layer in _CHEAP_LAYERS:
@@ -449,14 +458,16 @@ class _Planner:
                 self.layers_run.append(DROP_RECALL)
 
     def cheap_layer(self, name: str) -> None:
+        memo = self.memos.setdefault(name, {}) if self.memos is not None else None
         if name == "mask-tool-results":
             result = mask_tool_results(
                 self.items, self.unprotected_positions(), tokens_to_save=self.need(),
-                size=self.sizes.tokens, counter=self.sizes.counter, originals=self.originals)
+                size=self.sizes.tokens, counter=self.sizes.counter, originals=self.originals,
+                memo=memo)
         else:
             result = drop_thinking(self.items, self.unprotected_positions(),
                                    tokens_to_save=self.need(), size=self.sizes.tokens,
-                                   counter=self.sizes.counter)
+                                   counter=self.sizes.counter, memo=memo)
         self.apply_pass(result.items, result.saved)
 
     # --- folding runs -----------------------------------------------------------------------

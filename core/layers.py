@@ -36,9 +36,9 @@ unedited, else the ledger original passed in (``original=``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import TypeAlias, overload
 
 from .frame import recall_hint
 from .messages import (
@@ -62,6 +62,7 @@ __all__ = [
     "RECALL_DROPPED_TAG",
     "TEXT_CLIP_TAG",
     "THINKING_PLACEHOLDER",
+    "LayerMemo",
     "LayerPass",
     "clip_oversized",
     "clip_text",
@@ -375,17 +376,30 @@ class LayerPass:
     changed: tuple[int, ...]
 
 
+#: What a layer made of each item it was given, by the item's id (the item is held beside its
+#: result, so its id cannot be taken by another object while the memo lives).
+LayerMemo: TypeAlias = MutableMapping[int, tuple[WindowItem, WindowItem]]
+
+
 def _run(transform: Callable[[WindowItem, TokenCounter], WindowItem],
          items: Sequence[WindowItem], eligible: Iterable[int], tokens_to_save: int,
-         size: Callable[[WindowItem], int], counter: TokenCounter) -> LayerPass:
+         size: Callable[[WindowItem], int], counter: TokenCounter,
+         memo: LayerMemo | None = None) -> LayerPass:
     out = list(items)
     saved = 0
     changed: list[int] = []
     for pos in sorted(eligible):  # oldest first
         if saved >= tokens_to_save:
             break
-        new = transform(out[pos], counter)
-        if new is out[pos]:
+        item = out[pos]
+        hit = memo.get(id(item)) if memo is not None else None
+        if hit is not None and hit[0] is item:
+            new = hit[1]
+        else:
+            new = transform(item, counter)
+            if memo is not None:
+                memo[id(item)] = (item, new)
+        if new is item:
             continue
         gain = size(out[pos]) - item_tokens(new, counter)
         if gain <= 0:
@@ -399,12 +413,15 @@ def _run(transform: Callable[[WindowItem, TokenCounter], WindowItem],
 def mask_tool_results(items: Sequence[WindowItem], eligible: Iterable[int], *,
                       tokens_to_save: int, size: Callable[[WindowItem], int] | None = None,
                       counter: TokenCounter | None = None,
-                      originals: Originals | None = None) -> LayerPass:
+                      originals: Originals | None = None,
+                      memo: LayerMemo | None = None) -> LayerPass:
     """Mask tool output of the items at positions ``eligible``, oldest first.
 
     Stops once ``tokens_to_save`` are saved. The caller passes only positions outside protection.
     ``size`` gives an item's current tokens (default: :func:`item_tokens`); ``originals`` looks
-    up the ledger message of a clipped item, whose stub names the original's size.
+    up the ledger message of a clipped item, whose stub names the original's size. ``memo``
+    (a dict the caller keeps) remembers what each item became, so a second pass over the same
+    items (a priced visit's dry run, then the real one) masks none of them again.
     """
     c = counter or default_counter()
 
@@ -416,16 +433,18 @@ def mask_tool_results(items: Sequence[WindowItem], eligible: Iterable[int], *,
         return mask_item(item, counter, original=original)
 
     return _run(mask, items, eligible, tokens_to_save,
-                size or (lambda it: item_tokens(it, c)), c)
+                size or (lambda it: item_tokens(it, c)), c, memo)
 
 
 def drop_thinking(items: Sequence[WindowItem], eligible: Iterable[int], *,
                   tokens_to_save: int, size: Callable[[WindowItem], int] | None = None,
-                  counter: TokenCounter | None = None) -> LayerPass:
-    """Drop thinking from the items at positions ``eligible``, oldest first, until enough saved."""
+                  counter: TokenCounter | None = None,
+                  memo: LayerMemo | None = None) -> LayerPass:
+    """Drop thinking from the items at positions ``eligible``, oldest first, until enough saved
+    (``memo``: as for :func:`mask_tool_results`)."""
     c = counter or default_counter()
     return _run(drop_thinking_item, items, eligible, tokens_to_save,
-                size or (lambda it: item_tokens(it, c)), c)
+                size or (lambda it: item_tokens(it, c)), c, memo)
 
 
 # --- drop-recall -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ plans exactly as before; the budget (an overflow, a window about to pass it) alw
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 
@@ -118,6 +119,48 @@ def test_dollars_fold_deeper_than_the_window_economics_for_the_same_visit() -> N
     windowed = visit(ITEMS, policy(SUMMARIZE, economics="window")).record
     assert windowed.outcome == dollars.outcome == "folded"
     assert dollars.tokens_after < windowed.tokens_after <= windowed.target_tokens
+
+
+@pytest.mark.parametrize("layers", [SUMMARIZE, ("mask-tool-results", "drop-thinking",
+                                                 "summarize")])
+def test_a_priced_visit_masks_each_item_once_and_plans_what_it_planned_without_the_memo(
+        layers: tuple[LayerName, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The dry run that prices the visit masks every foldable output; the real pass reuses what
+    # it made (the visit's layer memo) instead of masking again, and lands on the same window.
+    # (By module path: the package's name ``compact`` is the function.)
+    compact_module = importlib.import_module("sessionfold.core.compact")
+    layers_module = importlib.import_module("sessionfold.core.layers")
+
+    calls: list[int] = []
+    real_mask = layers_module.mask_item
+
+    def counting(item: WindowItem, *args: object, **kw: object) -> WindowItem:
+        calls.append(item.start_seq)
+        return real_mask(item, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layers_module, "mask_item", counting)
+    pol = policy(layers)
+    with_memo = visit(ITEMS, pol)
+    assert with_memo.record.outcome == "folded"
+    assert calls and len(calls) == len(set(calls))  # no item masked twice
+
+    class Forgetful(dict[int, tuple[WindowItem, WindowItem]]):
+        def __setitem__(self, key: int, value: tuple[WindowItem, WindowItem]) -> None:
+            pass  # remembers nothing: every pass masks afresh
+
+    monkeypatch.setattr(compact_module._Planner, "cheap_layer", _forgetting(
+        compact_module._Planner.cheap_layer, Forgetful))
+    calls.clear()
+    without = visit(ITEMS, pol)
+    assert len(calls) > len(set(calls))  # the dry run and the real pass both masked
+    assert without.window == with_memo.window and without.record == with_memo.record
+
+
+def _forgetting(cheap_layer: object, memo_type: type) -> object:
+    def run(self: object, name: str) -> None:
+        self.memos[name] = memo_type()  # type: ignore[attr-defined]
+        cheap_layer(self, name)  # type: ignore[operator]
+    return run
 
 
 # --- "window" economics: the old planner, exactly ---------------------------------------------
