@@ -51,6 +51,7 @@ from .messages import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
+    evolve,
 )
 from .tokens import TokenCounter, count_text, default_counter
 from .window import Edit, Originals, WindowItem
@@ -98,8 +99,7 @@ def item_tokens(item: WindowItem, counter: TokenCounter | None = None) -> int:
 def _with_edit(item: WindowItem, message: Message, edit: Edit,
                counter: TokenCounter) -> WindowItem:
     edits = item.edits if edit in item.edits else (*item.edits, edit)
-    return item.model_copy(update={"message": message, "edits": edits,
-                                   "tokens": counter.fresh(message)})
+    return evolve(item, message=message, edits=edits, tokens=counter.fresh(message))
 
 
 # --- clip-oversized ----------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def _clip_block(block: ToolResultBlock, seq: int, max_tokens: int,
     content: str | list[TextBlock | ImageBlock | DocumentBlock] = (
         [TextBlock(text=clipped), *rest] if rest else clipped
     )
-    return block.model_copy(update={"content": content})
+    return evolve(block, content=content)
 
 
 def _clip_own_text(text: str, seq: int, max_tokens: int, whole: bool) -> str | None:
@@ -202,7 +202,7 @@ def _clip_own_text(text: str, seq: int, max_tokens: int, whole: bool) -> str | N
 def _clip_text_block(block: TextBlock, seq: int, max_tokens: int,
                      whole: bool) -> TextBlock | None:
     clipped = _clip_own_text(block.text, seq, max_tokens, whole)
-    return None if clipped is None else block.model_copy(update={"text": clipped})
+    return None if clipped is None else evolve(block, text=clipped)
 
 
 def _clip_message(message: Message, seq: int, max_tokens: int, *,
@@ -218,7 +218,7 @@ def _clip_message(message: Message, seq: int, max_tokens: int, *,
         return None
     if isinstance(message.content, str):
         text = _clip_own_text(message.content, seq, max_tokens, whole)
-        return None if text is None else message.model_copy(update={"content": text})
+        return None if text is None else evolve(message, content=text)
     changed = False
     blocks: list[Block] = []
     for block in message.content:
@@ -232,7 +232,7 @@ def _clip_message(message: Message, seq: int, max_tokens: int, *,
             changed = True
             continue
         blocks.append(block)
-    return message.model_copy(update={"content": blocks}) if changed else None
+    return evolve(message, content=blocks) if changed else None
 
 
 @overload
@@ -284,19 +284,21 @@ def clip_oversized(target: WindowItem | Message, seq: int | None, max_tokens: in
 
 # --- mask-tool-results -------------------------------------------------------------------------
 
-def _mask_block(block: ToolResultBlock, seq: int, size: int | None) -> ToolResultBlock | None:
-    """A stub for ``block``; ``size`` is its original output's length (None: unknown)."""
+def _mask_block(block: ToolResultBlock, seq: int, size: int | None,
+                text: str) -> ToolResultBlock | None:
+    """A stub for ``block``, whose output text is ``text``; ``size`` is its original output's
+    length (None: unknown)."""
     others = 0 if isinstance(block.content, str) else sum(
         1 for p in block.content if not isinstance(p, TextBlock)
     )
-    if not others and len(block.output_text()) < _MASK_MIN_CHARS:
+    if not others and len(text) < _MASK_MIN_CHARS:
         return None
     parts = [] if size is None else [f"{size:,} characters"]
     if others:
         parts.append(f"{others} image/document part{'s' if others > 1 else ''}")
     what = f": {' and '.join(parts)};" if parts else ";"
     stub = f"{MASK_TAG} to save context{what} ledger #{seq} holds it whole.]"
-    return block.model_copy(update={"content": stub})
+    return evolve(block, content=stub)
 
 
 def _original_sizes(item: WindowItem, original: Message | None) -> list[int | None]:
@@ -324,23 +326,29 @@ def mask_item(item: WindowItem, counter: TokenCounter | None = None, *,
     worth it. ``original`` is the item's ledger message, needed only for a clipped item (the
     stub names the original's size; without it the size is left out).
     """
-    if (item.kind != "message" or "masked" in item.edits
-            or not item.message.has_tool_results()):
+    content = item.message.content
+    if item.kind != "message" or "masked" in item.edits or isinstance(content, str):
         return item
-    sizes = iter(_original_sizes(item, original))
-    blocks: list[Block] = []
-    changed = False
-    for block in item.message.blocks():
+    # An unclipped item's outputs are their own originals; a clipped one's sizes come from
+    # the ledger message (one per tool result, in order).
+    whole = "clipped" not in item.edits
+    sizes = None if whole else iter(_original_sizes(item, original))
+    blocks: list[Block] | None = None  # a copy of the content, from the first stub on
+    for pos, block in enumerate(content):
         if isinstance(block, ToolResultBlock):
-            masked = _mask_block(block, item.start_seq, next(sizes))
+            text = block.output_text()
+            size = len(text) if sizes is None else next(sizes)
+            masked = _mask_block(block, item.start_seq, size, text)
             if masked is not None:
+                if blocks is None:
+                    blocks = list(content[:pos])
                 blocks.append(masked)
-                changed = True
                 continue
-        blocks.append(block)
-    if not changed:
+        if blocks is not None:
+            blocks.append(block)
+    if blocks is None:
         return item
-    message = item.message.model_copy(update={"content": blocks})
+    message = evolve(item.message, content=blocks)
     return _with_edit(item, message, "masked", counter or default_counter())
 
 
@@ -361,7 +369,7 @@ def drop_thinking_item(item: WindowItem, counter: TokenCounter | None = None) ->
     if len(kept) == len(item.message.content):
         return item
     content: list[Block] = kept or [TextBlock(text=THINKING_PLACEHOLDER)]
-    message = item.message.model_copy(update={"content": content})
+    message = evolve(item.message, content=content)
     return _with_edit(item, message, "thinking-dropped", counter or default_counter())
 
 
@@ -512,7 +520,7 @@ def _hint_block(block: Block, seq: int, item: WindowItem, first: bool) -> Block:
                 text = _hint_mask(text, seq)
             if "clipped" in item.edits:
                 text = _hint_seams(text, seq, first=first)
-            return block if text == block.content else block.model_copy(update={"content": text})
+            return block if text == block.content else evolve(block, content=text)
         if "clipped" not in item.edits:
             return block
         parts = list(block.content)
@@ -520,13 +528,13 @@ def _hint_block(block: Block, seq: int, item: WindowItem, first: bool) -> Block:
             if isinstance(part, TextBlock):  # a clipped output keeps its text in the first part
                 hinted = _hint_seams(part.text, seq, first=first)
                 if hinted != part.text:
-                    parts[i] = part.model_copy(update={"text": hinted})
-                    return block.model_copy(update={"content": parts})
+                    parts[i] = evolve(part, text=hinted)
+                    return evolve(block, content=parts)
                 return block
         return block
     if isinstance(block, TextBlock) and "clipped" in item.edits and item.message.role == "user":
         hinted = _hint_seams(block.text, seq, first=first)
-        return block if hinted == block.text else block.model_copy(update={"text": hinted})
+        return block if hinted == block.text else evolve(block, text=hinted)
     return block
 
 
@@ -557,8 +565,7 @@ def hinted_stubs(item: WindowItem) -> Message:
         if message.role != "user" or "clipped" not in item.edits:
             return message
         hinted = _hint_seams(message.content, seq, first=True)
-        return message if hinted == message.content else message.model_copy(
-            update={"content": hinted})
+        return message if hinted == message.content else evolve(message, content=hinted)
     blocks: list[Block] = []
     first = True
     for block in message.content:
@@ -567,4 +574,4 @@ def hinted_stubs(item: WindowItem) -> Message:
             first = False
     if all(a is b for a, b in zip(blocks, message.content, strict=True)):
         return message
-    return message.model_copy(update={"content": blocks})
+    return evolve(message, content=blocks)

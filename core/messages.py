@@ -26,7 +26,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,6 +57,7 @@ __all__ = [
     "ToolUseBlock",
     "check_tool_pairing",
     "dump_messages",
+    "evolve",
     "find_lone_surrogate",
     "from_openai",
     "in_openai_terms",
@@ -149,6 +150,36 @@ BLOCK_TYPES: dict[str, type[_Block]] = {
     "image": ImageBlock,
     "document": DocumentBlock,
 }
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+_new = object.__new__
+_set = object.__setattr__
+
+
+def evolve(model: _Model, **changes: Any) -> _Model:
+    """``model.model_copy(update=changes)`` for a model of this package: a copy with those
+    fields set (and counted as set, so ``to_json`` writes them), nothing validated.
+
+    pydantic's generic path (``__copy__``, then the update) was a tenth of a fold's masking;
+    this is the same result built in one step. Only declared fields may change (a key that is
+    not one raises ValueError: ``model_copy`` would file it under the extras), and only models
+    without private attributes are copied (their ``__pydantic_private__`` is None).
+    ``tests/core/test_messages.py`` compares it with ``model_copy`` on every kind of model.
+    """
+    cls = type(model)
+    if cls.__private_attributes__:
+        raise TypeError(f"{cls.__name__} has private attributes; copy it with model_copy")
+    if not changes.keys() <= cls.model_fields.keys():
+        unknown = sorted(changes.keys() - cls.model_fields.keys())
+        raise ValueError(f"{cls.__name__} has no field {unknown[0]!r}")
+    copy = _new(cls)
+    _set(copy, "__dict__", {**model.__dict__, **changes})
+    _set(copy, "__pydantic_fields_set__", model.__pydantic_fields_set__ | changes.keys())
+    extra = model.__pydantic_extra__
+    _set(copy, "__pydantic_extra__", None if extra is None else dict(extra))
+    _set(copy, "__pydantic_private__", None)
+    return copy
 
 
 class Message(BaseModel):

@@ -367,3 +367,54 @@ def test_blocks_from_the_anthropic_sdk_load_as_the_dicts_they_stand_for() -> Non
         {"type": "text", "text": "Reading the log."},
         {"type": "tool_use", "id": "toolu_9", "name": "bash", "input": {"command": "ls"}},
     ]}
+
+
+# --- evolve: model_copy(update=...) in one step ---------------------------------------------------
+
+def _same_copy(a: Any, b: Any) -> None:
+    assert type(a) is type(b) and a == b
+    assert a.model_fields_set == b.model_fields_set
+    assert a.__pydantic_extra__ == b.__pydantic_extra__
+    assert a.model_dump_json(exclude_unset=True) == b.model_dump_json(exclude_unset=True)
+
+
+def test_evolve_copies_exactly_what_model_copy_copies_on_every_shipped_message() -> None:
+    from sessionfold.core.messages import evolve
+    from sessionfold.core.window import WindowItem
+
+    checked = 0
+    for path in sorted(TRANSCRIPTS.glob("*.json")):
+        for seq, message in enumerate(load_conversation_file(path).messages):
+            _same_copy(evolve(message, content="x"), message.model_copy(update={"content": "x"}))
+            _same_copy(evolve(message, role="user"), message.model_copy(update={"role": "user"}))
+            item = WindowItem(start_seq=seq, end_seq=seq, message=message)
+            _same_copy(evolve(item, edits=("masked",), tokens=7),
+                       item.model_copy(update={"edits": ("masked",), "tokens": 7}))
+            if isinstance(message.content, str):
+                continue
+            for block in message.content:
+                field = next(f for f in type(block).model_fields if f != "type")
+                _same_copy(evolve(block, **{field: "y"}), block.model_copy(update={field: "y"}))
+                checked += 1
+    assert checked > 1000
+    # Extra fields (a block from a newer API) are kept, and a copy's extras are its own.
+    block = ToolUseBlock.model_validate({"type": "tool_use", "id": "t", "name": "n",
+                                         "input": {}, "caller": {"kind": "direct"}})
+    copy = evolve(block, name="m")
+    _same_copy(copy, block.model_copy(update={"name": "m"}))
+    assert copy.__pydantic_extra__ is not block.__pydantic_extra__
+
+
+def test_evolve_refuses_a_field_the_model_does_not_have_and_models_with_private_state() -> None:
+    from pydantic import BaseModel, PrivateAttr
+    from sessionfold.core.messages import evolve
+
+    with pytest.raises(ValueError, match="no field 'colour'"):
+        evolve(TextBlock(text="a"), colour="red")
+
+    class Holder(BaseModel):
+        x: int = 0
+        _cache: int = PrivateAttr(default=0)
+
+    with pytest.raises(TypeError, match="private attributes"):
+        evolve(Holder(), x=1)
