@@ -43,6 +43,7 @@ that take their place), which the store commits under compare-and-set.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -306,13 +307,23 @@ class _Planner:
         self._turns = None
         self.current -= self.slope * saved
 
-    def apply_pass(self, items: list[WindowItem], saved: int) -> None:
+    def apply_pass(self, items: list[WindowItem], saved: int,
+                   changed: Sequence[int] | None = None) -> None:
         """Take the window a cheap layer left: item for item the same shape (masking and
         thinning keep each item's kind, role and tool ids), so the turns keep their grouping
-        and only take the new items (grouping again reads every message)."""
+        and only take the new items (grouping again reads every message). ``changed``: the
+        positions the layer changed (None: any); the other turns are kept as they are."""
         turns = self._turns
         if turns is not None and len(items) == len(self.items):
-            self._turns = [Turn(t.index, tuple(items[t.index:t.stop])) for t in turns]
+            if changed is None:
+                self._turns = [Turn(t.index, tuple(items[t.index:t.stop])) for t in turns]
+            else:
+                self._turns = list(turns)
+                starts = [t.index for t in turns]
+                for pos in changed:
+                    at = bisect_right(starts, pos) - 1
+                    turn = turns[at]
+                    self._turns[at] = Turn(turn.index, tuple(items[turn.index:turn.stop]))
             held = self._guarded
             if held is not None and held.turns is turns:
                 # Same seqs and kinds turn for turn: protection (keyed by seq) says the same.
@@ -468,7 +479,7 @@ class _Planner:
             result = drop_thinking(self.items, self.unprotected_positions(),
                                    tokens_to_save=self.need(), size=self.sizes.tokens,
                                    counter=self.sizes.counter, memo=memo)
-        self.apply_pass(result.items, result.saved)
+        self.apply_pass(result.items, result.saved, result.changed)
 
     # --- folding runs -----------------------------------------------------------------------
 

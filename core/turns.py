@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from .messages import Message
+from .messages import Message, ToolUseBlock
 from .policy import FoldPolicy
 from .window import Refusal, RefusalReason, WindowItem
 
@@ -91,8 +91,11 @@ class Turn:
 
     def unresolved_tool_use_ids(self) -> list[str]:
         """Ids of tool calls in this turn that no tool_result of this turn answers."""
-        asked = [i for item in self.items if item.message.role == "assistant"
-                 for i in item.message.tool_use_ids()]
+        asked: list[str] = []
+        for item in self.items:
+            message = item.message
+            if message.role == "assistant" and not isinstance(message.content, str):
+                asked += [b.id for b in message.content if isinstance(b, ToolUseBlock)]
         if not asked:
             return []
         answered = {i for item in self.items for i in item.message.tool_result_ids()}
@@ -113,14 +116,16 @@ def _pairs(item: WindowItem, following: WindowItem) -> bool:
 def group_turns(items: Sequence[WindowItem]) -> list[Turn]:
     """Group window items into turns (see the module docstring)."""
     turns: list[Turn] = []
+    last = len(items) - 1
     i = 0
-    while i < len(items):
+    while i <= last:
         item = items[i]
-        size = 1
-        if i + 1 < len(items) and _pairs(item, items[i + 1]):
-            size = 2
-        turns.append(Turn(i, tuple(items[i:i + size])))
-        i += size
+        if i < last and _pairs(item, items[i + 1]):
+            turns.append(Turn(i, (item, items[i + 1])))
+            i += 2
+        else:
+            turns.append(Turn(i, (item,)))
+            i += 1
     return turns
 
 

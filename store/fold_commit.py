@@ -159,6 +159,7 @@ def _stored_record(row: Row[Any]) -> StoredRecord:
     return record
 
 
+_INSERT_ITEMS = window_items.insert()
 _INSERT_RECORD = compaction_records.insert().returning(compaction_records.c.id)
 _INSERT_SPANS = folds.insert().returning(*folds.c, sort_by_parameter_order=True)
 
@@ -278,7 +279,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     edit = prepared.edit
     removed_tokens = _delete_replaced(conn, sid, edit.replaced)
     revision = row.revision + 1
-    conn.execute(window_items.insert(),
+    conn.execute(_INSERT_ITEMS,
                  [{"session_id": sid, "version": revision, **item} for item in prepared.inserted])
 
     policy = FoldPolicy.from_json(row.policy)
@@ -317,7 +318,9 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     window_tokens = row.window_tokens - removed_tokens + sum(i["tokens"]
                                                              for i in prepared.inserted)
     seen = prepared.seen_seq if prepared.seen_seq is not None else row.next_seq - 1
-    pending = tokens_after(conn, sid, seen)
+    # Items after ``seen`` were appended while the fold ran; with none (the usual case: the
+    # locked row's next seq follows the last one the plan saw) there is nothing to add up.
+    pending = tokens_after(conn, sid, seen) if seen < row.next_seq - 1 else 0
     measured = prepared.record.tokens_after
     update_session(conn, sid, dict(
         revision=revision, fold_revision=revision,

@@ -34,7 +34,7 @@ from sessionfold.core.messages import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
 from sessionfold.core.tokens import Calibration, TokenCounter
-from sessionfold.core.turns import group_turns
+from sessionfold.core.turns import group_turns, protect
 from sessionfold.core.window import SummarizerUsage, WindowItem, items_from_messages
 
 COUNTER = TokenCounter()
@@ -635,6 +635,31 @@ def test_the_cheap_layers_keep_every_turns_grouping(name: str) -> None:
     assert masked.changed  # the pass did something to check
     for result in (masked, thinned):
         assert [(t.index, len(t.items)) for t in group_turns(result.items)] == shape
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in TRANSCRIPTS.glob("*.json")))
+@pytest.mark.parametrize("share", [0.05, 0.5, 1.0])
+def test_the_planners_turns_after_a_cheap_pass_are_the_grouping_of_its_new_items(
+        name: str, share: float) -> None:
+    # After a pass the planner rebuilds only the turns whose items the pass changed: the turns
+    # it holds must be exactly (same items, same objects) what grouping its new items gives.
+    planner_type = importlib.import_module("sessionfold.core.compact")._Planner
+    items = items_from_messages(load_conversation_file(TRANSCRIPTS / f"{name}.json").messages)
+    total = sum(COUNTER.message(i.message) for i in items)
+    policy = FoldPolicy(budget_tokens=total * 2, keep_recent_turns=2)
+    sizes = importlib.import_module("sessionfold.core.compact")._Sizes(COUNTER)
+    planner = planner_type(items=list(items), policy=policy, summarizer=None, sizes=sizes,
+                           target=round(total * (1 - share)), slope=1.0, current=float(total),
+                           force=False, pinned=(), latched=())
+    planner.protection = protect(planner.items, policy, turns=planner.turns())
+    for layer in ("mask-tool-results", "drop-thinking"):
+        planner.cheap_layer(layer)
+        held = planner.turns()
+        fresh = group_turns(planner.items)
+        assert [t.index for t in held] == [t.index for t in fresh]
+        assert all(a is b for t, u in zip(held, fresh, strict=True)
+                   for a, b in zip(t.items, u.items, strict=True))
+    assert any(i is not j for i, j in zip(items, planner.items, strict=True))  # it masked
 
 
 def test_item_chars_given_are_the_records_character_sizes_and_bad_ones_are_refused() -> None:
