@@ -13,18 +13,25 @@ this process, on sessions over their trigger made from a shipped transcript, wit
   store's read and commit, JSON) costs what.
 
 Two window sizes by default: the first 40 messages of django__django-15554 (the pipeline
-bench's sessions) and all 291 messages of django__django-16560 (about 300 items)::
+bench's sessions) and all 291 messages of django__django-16560 (about 300 items), each folded
+unpriced (``economics="window"``: every visit folds) and priced (``economics="dollars"``, the
+default policy's visit, priced as a worker prices it: a dry run of the free layers, then the
+fold the cost model chose). The store is opened as a fold worker opens it (no item cache).
+Medians of CPU time are noisy on a shared machine; ``bench/fold_instructions.py`` counts the
+instructions of the same folds under valgrind, which does not move with the machine's load::
 
     .venv/bin/python bench/profile_fold.py                       # both sizes, SQLite
     .venv/bin/python bench/profile_fold.py --folds 50 --json bench/out/profile-fold.json
     .venv/bin/python bench/profile_fold.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-Nothing here is asserted: ``tests/test_bench_quick.py`` runs ``--quick`` for the invariants.
+Nothing here is asserted: ``tests/bench/test_profile_fold_quick.py`` runs ``--quick`` for the
+invariants.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -98,7 +105,8 @@ class _Timed:
             self.spent += time.process_time() - start
 
 
-def _sessions(store: Any, messages: list[Any], system: str, n: int) -> tuple[list[str], Any]:
+def _sessions(store: Any, messages: list[Any], system: str, n: int,
+              economics: str = "window") -> tuple[list[str], Any]:
     from sessionfold.core.policy import FoldPolicy
 
     probe = f"probe-{uuid.uuid4().hex[:6]}"
@@ -106,9 +114,12 @@ def _sessions(store: Any, messages: list[Any], system: str, n: int) -> tuple[lis
     store.append(probe, messages)
     estimate = store.get_session(probe).current_tokens
     store.delete_session(probe)
-    # economics="window": the fold always happens (this measures what a fold costs, not
+    # economics="window" (the default): the fold always happens (this measures what a fold
+    # costs, not whether one pays). "dollars": the visit is priced first, as a worker prices a
+    # default policy's visits (at twice the budget every priced visit here folds).
     # whether one pays).
-    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / OVER)), economics="window")
+    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / OVER)),
+                        economics=economics)  # type: ignore[arg-type]
     ids = []
     for i in range(n):
         sid = f"pf-{i:05d}"
@@ -162,23 +173,32 @@ def _module_name(path: str, repo: Path) -> str:
 
 
 def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
-            profile: bool, settle: bool = True) -> SizeResult:
+            profile: bool, settle: bool = True, economics: str = "window") -> SizeResult:
     from sessionfold.core.messages import load_conversation_file
     from sessionfold.core.summarizers import ExtractiveSummarizer
     from sessionfold.store import SessionStore
     from sessionfold.workers.fold_procedure import FoldJob, run_fold
+    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE
 
     conv = load_conversation_file(TRANSCRIPTS / transcript)
     messages = conv.messages[:n_messages]
-    store = SessionStore.from_url(url)
+    # The store as a fold worker opens it (workers.runtime): no decoded items kept.
+    store = SessionStore.from_url(url, item_cache=FOLD_WORKER_ITEM_CACHE)
     store.migrate()
     summarizer = _Timed(ExtractiveSummarizer())
+    pricing = None
+    if economics == "dollars":  # what a worker prices a default policy's visits with
+        from sessionfold.workers.prices import fold_pricing
+        from sessionfold.workers.settings import Settings
+
+        pricing = fold_pricing(Settings(summarizer="offline", anthropic_api_key=None))
     try:
         # Timed folds run unprofiled; the profile is taken over as many other sessions.
         n_profiled = folds if profile else 0
-        ids, estimate = _sessions(store, messages, conv.system, 1 + folds + n_profiled)
+        ids, estimate = _sessions(store, messages, conv.system, 1 + folds + n_profiled,
+                                  economics)
         # One untimed fold first: imports, caches and the SQLite page cache warm up.
-        run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"))
+        run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"), pricing=pricing)
         if settle:  # as a worker child does once it is set up
             from sessionfold.workers.runtime import freeze_startup_objects
 
@@ -191,7 +211,8 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
         for i, sid in enumerate(timed):
             summarizer.spent = 0.0
             c0, w0 = time.process_time(), time.perf_counter()
-            report = run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"job-{i}"))
+            report = run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"job-{i}"),
+                              pricing=pricing)
             cpu.append(time.process_time() - c0)
             wall.append(time.perf_counter() - w0)
             own.append(summarizer.spent)
@@ -204,7 +225,8 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             profiler = Profiler(interval=0.0005)
             profiler.start()
             for i, sid in enumerate(profiled):
-                run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"prof-{i}"))
+                run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"prof-{i}"),
+                         pricing=pricing)
             profiler.stop()
             by_module, by_function = _profile_tables(profiler.last_session, REPO)
         cpu_ms = sorted(c * 1000 for c in cpu)
@@ -263,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="settled (default): the collector as a worker child sets it "
                              "(workers.runtime.freeze_startup_objects) before the folds; "
                              "default: Python's own settings")
+    parser.add_argument("--economics", choices=("window", "dollars", "both"), default="both",
+                        help="window: every visit folds unpriced; dollars: visits priced as "
+                             "a worker prices a default policy's (economics=\"dollars\"); "
+                             "both (default): each size both ways (--quick: window only)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -270,21 +296,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--folds must be at least 1")
 
     sizes = SIZES[:1] if args.quick else SIZES
+    kinds = (["window"] if args.quick else ["window", "dollars"] if args.economics == "both"
+             else [args.economics])
     if args.quick:
         args.folds = 5
     results = []
     with tempfile.TemporaryDirectory(prefix="sf-profile-fold-") as tmp:
-        for label, transcript, n in sizes:
+        for (label, transcript, n), economics in itertools.product(sizes, kinds):
+            if economics == "dollars":
+                label = f"{label}, priced"
             scratch = None
             if args.postgres:  # a database of the run's own, dropped at the end
                 from bench_pipeline import _Database
 
                 scratch = _Database(args.postgres)
-            url = scratch.url if scratch else f"sqlite:///{Path(tmp) / f'{n}.db'}"
+            url = scratch.url if scratch else f"sqlite:///{Path(tmp) / f'{n}-{economics}.db'}"
             try:
                 results.append(measure(url, label, transcript, n, args.folds,
                                        profile=not args.no_profile,
-                                       settle=args.gc == "settled"))
+                                       settle=args.gc == "settled", economics=economics))
             finally:
                 if scratch is not None:
                     scratch.drop()
@@ -296,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         run = time.strftime("%Y-%m-%d", time.gmtime())
-        args.json.write_text(json.dumps([{**r.to_json(), "collector": args.gc, "run": run}
-                                         for r in results], indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps([
+            {**r.to_json(), "collector": args.gc, "run": run,
+             "economics": "dollars" if r.label.endswith(", priced") else "window"}
+            for r in results], indent=2) + "\n", encoding="utf-8")
     return 0 if all(r.folded == r.folds for r in results) else 1
 
 

@@ -78,8 +78,10 @@ def read_window(conn: Connection, sid: str, cache: ItemCache) -> Window:
     if first[_START] is None:
         return Window(session_id=sid, system=system, revision=revision, items=[])
 
-    keys: list[ItemKey] = [(sid, incarnation, r[_START], r[_VERSION]) for r in rows]
-    items = cache.get_many(keys)
+    caching = cache.capacity > 0  # a fold worker's store keeps none (workers.runtime)
+    keys: list[ItemKey] = ([(sid, incarnation, r[_START], r[_VERSION]) for r in rows]
+                           if caching else [])
+    items = cache.get_many(keys) if caching else [None] * len(rows)
     texts: dict[int, tuple[str, str]] = {
         i: (r[_MESSAGE], r[_EDITS]) for i, r in enumerate(rows)
         if items[i] is None and r[_MESSAGE] is not None
@@ -91,13 +93,17 @@ def read_window(conn: Connection, sid: str, cache: ItemCache) -> Window:
     chars: list[int | None] = [None] * len(rows)
     for i, (message, edits) in texts.items():
         r = rows[i]
+        # Most items carry no edits: their "[]" is not parsed.
         item = decode_item(r[_START], r[_END], r[_KIND], decode_json(message),
-                           decode_json(edits), r[_VERSION], r[_TOKENS])
+                           () if edits == "[]" else decode_json(edits), r[_VERSION],
+                           r[_TOKENS])
         items[i] = item
         # The engine's JSON written compactly (store.engine): the length the fold measures.
         chars[i] = len(message)
-        fresh.append((keys[i], item))
-    cache.put_window(sid, incarnation, revision, fresh)
+        if caching:
+            fresh.append((keys[i], item))
+    if caching:
+        cache.put_window(sid, incarnation, revision, fresh)
     return Window(session_id=sid, system=system, revision=revision,
                   items=cast(list[WindowItem], items), chars=chars)
 
