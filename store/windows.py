@@ -81,7 +81,8 @@ def read_window(conn: Connection, sid: str, cache: ItemCache) -> Window:
     caching = cache.capacity > 0  # a fold worker's store keeps none (workers.runtime)
     keys: list[ItemKey] = ([(sid, incarnation, r[_START], r[_VERSION]) for r in rows]
                            if caching else [])
-    items = cache.get_many(keys) if caching else [None] * len(rows)
+    items: list[WindowItem | None] = (cache.get_many(keys) if caching
+                                      else [None] * len(rows))
     texts: dict[int, tuple[str, str]] = {
         i: (r[_MESSAGE], r[_EDITS]) for i, r in enumerate(rows)
         if items[i] is None and r[_MESSAGE] is not None
