@@ -8,7 +8,12 @@ database on that PostgreSQL server for the run and drops it afterwards):
 1. **Folds per second per worker** with an instant summarizer (the offline extractive one):
    ``--throughput-sessions`` sessions, each over its trigger, are enqueued at once to one worker
    process (``--throughput-concurrency``, default 1); timed from the first enqueue to the last
-   commit (the store's record times).
+   commit (the store's record times). The worker's CPU (every process of its process group:
+   the consumer and its pool children, user + system) over the same stretch gives the CPU of
+   one fold as the worker spends it, Celery's own work included, and the folds per CPU-second
+   of one core. ``--throughput-messages`` sets the window (40 messages of django__django-15554,
+   or all 291 of django__django-16560: about 300 items), ``--throughput-economics dollars``
+   prices every visit as a default policy's are. ``--throughput-only`` skips the lag run.
 2. **Lag** from the first usage event that puts a session over its trigger to the committed
    fold, with a summarizer of ``--summarizer-latency`` seconds (the scripted provider over HTTP,
    through the real Anthropic SDK): ``--sessions`` active sessions each report usage once every
@@ -35,6 +40,8 @@ import json
 import os
 import platform
 import random
+import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -60,9 +67,14 @@ from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "pipeline.md"
-TRANSCRIPT = REPO / "tests" / "data" / "transcripts" / "django__django-15554.json"
+TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
+TRANSCRIPT = TRANSCRIPTS / "django__django-15554.json"
 #: Messages of the transcript each session holds: enough for one summary to be worth it.
 MESSAGES = 40
+#: The throughput windows: messages → the transcript they are the start of.
+THROUGHPUT_WINDOWS = {40: TRANSCRIPT, 291: TRANSCRIPTS / "django__django-16560.json"}
+#: Folds of the shorter counted worker run (``--throughput-instructions``).
+BASE_FOLDS = 5
 
 
 @dataclass
@@ -74,8 +86,9 @@ class Rig:
 
 @contextlib.contextmanager
 def process(argv: list[str], settings: Settings, log: Path, ready: str,
-            **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A ``sessionfold`` subcommand in its own process group, until the block ends."""
+            wrapper: tuple[str, ...] = (), **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``sessionfold`` subcommand in its own process group, until the block ends
+    (``wrapper``: a command it runs under, valgrind for one)."""
     child_env = {k: v for k, v in os.environ.items()
                  if not k.startswith(("SESSIONFOLD_", "ANTHROPIC_")) and k not in (
                      "REDIS_URL", "DATABASE_URL")}
@@ -85,11 +98,11 @@ def process(argv: list[str], settings: Settings, log: Path, ready: str,
                                           if isinstance(value, SecretStr) else str(value))
     child_env.update(env)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sessionfold.cli", *argv],
+        proc = subprocess.Popen([*wrapper, sys.executable, "-m", "sessionfold.cli", *argv],
                                 env=child_env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + (1800 if wrapper else 180)
         while ready not in log.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{argv[0]} did not start:\n{log.read_text()[-3000:]}")
@@ -106,7 +119,7 @@ def process(argv: list[str], settings: Settings, log: Path, ready: str,
 
 
 def _sessions(store: SessionStore, prefix: str, n: int, messages: list[Message], system: str,
-              budget_over: float) -> tuple[list[str], FoldPolicy]:
+              budget_over: float, economics: str = "window") -> tuple[list[str], FoldPolicy]:
     """``n`` sessions with the same messages; the budget puts them at ``budget_over`` × budget."""
     probe = f"{prefix}probe"
     store.create_session(probe, FoldPolicy(budget_tokens=1_000_000), system)
@@ -115,7 +128,9 @@ def _sessions(store: SessionStore, prefix: str, n: int, messages: list[Message],
     store.delete_session(probe)
     # economics="window": the fold is due at the policy's trigger, the crossing the lag is
     # measured from (a priced policy opens at its target, where these sessions already are).
-    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / budget_over)), economics="window")
+    # The throughput run may price its visits ("dollars") as a default policy's are.
+    policy = FoldPolicy(budget_tokens=max(1000, int(estimate / budget_over)),
+                        economics=economics)  # type: ignore[arg-type]
     ids = []
     for i in range(n):
         sid = f"{prefix}{i:05d}"
@@ -143,26 +158,108 @@ def _wait_folded(store: SessionStore, ids: list[str], timeout_s: float) -> dict[
         time.sleep(0.5)
 
 
-def throughput(rig: Rig, args: argparse.Namespace, messages: list[Message],
-               system: str) -> dict[str, Any]:
-    """Folds per second of one worker process with the instant (offline) summarizer."""
+def _group_cpu_s(session: int) -> float:
+    """CPU seconds (user + system) of every live process of Linux session ``session``, with
+    what their reaped children spent: a worker's consumer and its pool children together."""
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        # After the name: state, ppid, pgrp, session, ..., utime (11), stime, cutime, cstime.
+        if int(fields[3]) == session:
+            ticks += sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _batch(app: Any, store: SessionStore, ids: list[str]) -> dict[str, float]:
+    """Enqueue a fold of each session and wait for every job to end; their fold times."""
+    enqueue = make_enqueue(app)
+    jobs = [enqueue(sid, None, "manual", None) for sid in ids]
+    for job in jobs:  # every job ends, whatever its outcome
+        app.AsyncResult(job).get(timeout=1800, propagate=False)
+    return _fold_times(store, ids)
+
+
+def _counted_worker(rig: Rig, settings: Settings, ids: list[str], tag: str) -> tuple[int, int]:
+    """Run a worker under callgrind until it has folded ``ids``, stop it; its instructions
+    (consumer and pool child together, start-up to shutdown) and the folds it made."""
+    outdir = rig.workdir / f"callgrind-{tag}"
+    outdir.mkdir(exist_ok=True)
+    wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={outdir}/cg.%p.out")
+    with process(["worker", "--concurrency=1"], settings,
+                 rig.workdir / f"instructions-worker-{tag}.log", "ready.", wrapper=wrapper,
+                 PYTHONHASHSEED="0"):
+        app = make_celery(settings)
+        done = _batch(app, rig.store, ids)
+        app.close()
+    total = 0
+    for path in outdir.glob("cg.*.out"):  # written when each process exits
+        found = re.search(r"^totals:\s+(\d+)", path.read_text(errors="replace"), re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"{path} holds no instruction total")
+        total += int(found.group(1))
+    return total, len(done)
+
+
+def throughput_instructions(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
+    """Instructions one worker (consumer and pool child) executes per fold, counted by
+    valgrind: a worker that folds ``--throughput-sessions`` sessions against one that folds
+    ``BASE_FOLDS`` (same start-up and shutdown: the difference is the folds'). Slow (the worker
+    runs ~50x slower under valgrind), and it does not move with the machine's load."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--throughput-instructions needs valgrind (Debian package valgrind)")
+    conv = load_conversation_file(THROUGHPUT_WINDOWS[args.throughput_messages])
+    messages = conv.messages[:args.throughput_messages]
+    # Time limits for a worker running ~50x slower (the lock and the visibility timeout must
+    # still cover them: the settings check that).
+    settings = rig.settings.model_copy(update={
+        "summarizer": "offline", "task_time_limit_s": 1200, "task_soft_time_limit_s": 1100,
+        "lock_ttl_s": 2400, "visibility_timeout_s": 7200})
+    base, long = BASE_FOLDS, max(args.throughput_sessions, BASE_FOLDS + 1)
+    ids, _ = _sessions(rig.store, "ti-", base + long, messages, conv.system, 2.0,
+                       args.throughput_economics)
+    short_total, short_done = _counted_worker(rig, settings, ids[:base], "short")
+    long_total, long_done = _counted_worker(rig, settings, ids[base:], "long")
+    folds = long_done - short_done
+    return {"sessions": long, "against": base, "folded": long_done + short_done,
+            "messages": len(messages), "economics": args.throughput_economics,
+            "instructions per fold": (long_total - short_total) / folds if folds > 0 else None}
+
+
+def throughput(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
+    """Folds per second of one worker process with the instant (offline) summarizer, and the
+    worker's CPU per fold."""
+    conv = load_conversation_file(THROUGHPUT_WINDOWS[args.throughput_messages])
+    messages = conv.messages[:args.throughput_messages]
     settings = rig.settings.model_copy(update={"summarizer": "offline"})
     # Twice the budget: every session has a fold to make.
-    ids, _ = _sessions(rig.store, "tp-", args.throughput_sessions, messages, system, 2.0)
+    ids, _ = _sessions(rig.store, "tp-", args.throughput_sessions, messages, conv.system, 2.0,
+                       args.throughput_economics)
     with process(["worker", f"--concurrency={args.throughput_concurrency}"], settings,
-                 rig.workdir / "throughput-worker.log", "ready."):
+                 rig.workdir / "throughput-worker.log", "ready.") as worker:
         app = make_celery(settings)
         enqueue = make_enqueue(app)
+        cpu_before = _group_cpu_s(worker.pid)
         start = time.time()
         jobs = [enqueue(sid, None, "manual", None) for sid in ids]
         for job in jobs:  # every job ends, whatever its outcome
             app.AsyncResult(job).get(timeout=600, propagate=False)
+        cpu = _group_cpu_s(worker.pid) - cpu_before
         done = _fold_times(rig.store, ids)
         app.close()
     last = max(done.values()) if done else start
     seconds = max(last - start, 1e-9)
-    return {"sessions": len(ids), "folded": len(done), "seconds": seconds,
-            "folds/s": len(done) / seconds,
+    folded = len(done)
+    return {"sessions": len(ids), "folded": folded, "seconds": seconds,
+            "folds/s": folded / seconds, "messages": len(messages),
+            "economics": args.throughput_economics, "worker cpu s": cpu,
+            "cpu ms/fold": 1000 * cpu / folded if folded else None,
+            "folds per cpu-s": folded / cpu if cpu > 0 else None,
             "concurrency": args.throughput_concurrency, "pool": "prefork"}
 
 
@@ -293,8 +390,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
                              f"{platform.python_version()}",
                   "store": "postgresql (fresh database)" if database else "sqlite (tmp)",
-                  "throughput": throughput(rig, args, messages, conv.system),
-                  "lag": lag(rig, args, messages, conv.system)}
+                  "throughput": throughput(rig, args)}
+        if args.throughput_instructions:
+            result["throughput instructions"] = throughput_instructions(rig, args)
+        if not args.throughput_only:
+            result["lag"] = lag(rig, args, messages, conv.system)
     finally:
         store.close()
         if database:
@@ -329,21 +429,34 @@ def _s(value: float | None) -> str:
 
 
 def report(result: dict[str, Any]) -> str:
-    tp, lg = result["throughput"], result["lag"]
-    return "\n".join([
+    tp = result["throughput"]
+    cpu = ("" if tp.get("cpu ms/fold") is None else
+           f"{tp['cpu ms/fold']:.1f} | {tp['folds per cpu-s']:.1f} |")
+    lines = [
         "## Pipeline: folds per worker, and report-to-fold lag (issue 4)",
         "",
         f"Machine: {result['machine']}; store: {result['store']}. Command: "
         "`.venv/bin/python bench/bench_pipeline.py` (see its docstring).",
         "",
         "Folds per second of one worker process, instant (offline extractive) summarizer, "
-        f"{tp['pool']} pool, concurrency {tp['concurrency']}:",
+        f"{tp['pool']} pool, concurrency {tp['concurrency']}, {tp['messages']}-message windows"
+        f"{', every visit priced' if tp['economics'] == 'dollars' else ''}; the worker's CPU "
+        "(consumer and pool, user + system) over the same stretch:",
         "",
-        "| sessions enqueued | folded | seconds | folds/s |",
-        "|---:|---:|---:|---:|",
+        "| sessions enqueued | folded | seconds | folds/s | worker CPU ms/fold | "
+        "folds per CPU-second |",
+        "|---:|---:|---:|---:|---:|---:|",
         f"| {tp['sessions']:,} | {tp['folded']:,} | {tp['seconds']:.2f} | "
-        f"**{tp['folds/s']:.1f}** |",
+        f"**{tp['folds/s']:.1f}** | {cpu or '– | – |'}",
         "",
+    ]
+    if "lag" in result:
+        lines += _lag_report(result["lag"])
+    return "\n".join(lines)
+
+
+def _lag_report(lg: dict[str, Any]) -> list[str]:
+    return [
         f"Lag from the first over-trigger usage event to the committed fold: "
         f"{lg['sessions']:,} active sessions each reporting every {lg['period s']:g} s, "
         f"summarizer latency {lg['summarizer s']:g} s (scripted provider over HTTP), "
@@ -362,7 +475,7 @@ def report(result: dict[str, Any]) -> str:
         f"Redis memory: {lg['redis bytes/session']:.0f} bytes per session (its measured size), "
         f"{lg['stream bytes/event']:.0f} bytes per usage event kept on the stream.",
         "",
-    ])
+    ]
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -386,6 +499,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker processes in the lag run (threads share one core each)")
     parser.add_argument("--throughput-sessions", type=int, default=200)
     parser.add_argument("--throughput-concurrency", type=int, default=1)
+    parser.add_argument("--throughput-messages", type=int, choices=sorted(THROUGHPUT_WINDOWS),
+                        default=MESSAGES,
+                        help="messages of each throughput session (291: a ~300-item window)")
+    parser.add_argument("--throughput-economics", choices=("window", "dollars"),
+                        default="window",
+                        help="dollars: every throughput visit priced (a default policy's)")
+    parser.add_argument("--throughput-instructions", action="store_true",
+                        help="also count the worker's instructions per fold under valgrind "
+                             "(slow; needs valgrind)")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="measure the folds per worker only, not the lag")
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--postgres", default=None, metavar="ADMIN_URL",
                         help="run on a fresh database made (and dropped) on this server")
@@ -409,10 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(text)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
-    if args.chart:
+    if args.chart and "lag" in result:
         lag_chart(result["lag"], args.chart)
-    complete = (result["throughput"]["folded"] == result["throughput"]["sessions"]
-                and result["lag"]["folded"] == result["lag"]["sessions"])
+    complete = all(part["folded"] == part["sessions"]
+                   for part in (result["throughput"], result.get("lag")) if part is not None)
     return 0 if complete else 1
 
 

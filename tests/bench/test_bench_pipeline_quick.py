@@ -31,3 +31,25 @@ def test_quick_mode_folds_every_session_and_reports_a_causal_lag(
     assert lag["summarizer calls"] >= lag["folded"]
     assert lag["redis bytes/session"] > 0
     assert "folds/s" in out.read_text() and "p50" in out.read_text()
+
+
+@pytest.mark.slow
+def test_throughput_only_on_300_item_windows_reports_the_workers_cpu_per_fold(
+        redis_url: str, tmp_path: Path) -> None:
+    out, numbers = tmp_path / "pipeline.md", tmp_path / "pipeline.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--throughput-only",
+                           "--throughput-messages", "291", "--throughput-sessions", "4",
+                           "--throughput-economics", "dollars", "--redis-url", redis_url,
+                           "--out", str(out), "--json", str(numbers)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(numbers.read_text())
+    assert "lag" not in result
+    throughput = result["throughput"]
+    assert throughput["folded"] == throughput["sessions"] == 4
+    assert throughput["messages"] == 291 and throughput["economics"] == "dollars"
+    # The worker's own CPU over the run: positive, and one fold's share of it is what the
+    # folds per CPU-second invert.
+    assert throughput["worker cpu s"] > 0
+    assert throughput["cpu ms/fold"] * throughput["folds per cpu-s"] == pytest.approx(1000)
+    assert "291-message windows, every visit priced" in out.read_text()
