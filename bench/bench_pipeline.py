@@ -389,6 +389,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
                              f"{platform.python_version()}",
+                  "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "store": "postgresql (fresh database)" if database else "sqlite (tmp)",
                   "throughput": throughput(rig, args)}
         if args.throughput_instructions:

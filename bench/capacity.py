@@ -11,8 +11,13 @@ re-running anything, and the inputs are in the repository beside the figures)::
 
 What it reads, and from which benchmark:
 
-- fold CPU per fold (``bench/profile_fold.py --json bench/out/profile-fold.json``): worker CPU
-  seconds of one fold of a ~300-item window, instant summarizer;
+- fold CPU per fold (``bench/profile_fold.py --json bench/out/profile-fold.json``): CPU
+  seconds of the fold procedure alone, one fold of a ~300-item window, instant summarizer;
+- worker CPU per fold (``bench/bench_pipeline.py --throughput-only --throughput-messages 291
+  --throughput-economics dollars --json bench/out/pipeline-throughput.json``): what a real
+  worker (Celery consumer and pool child) spends per fold of the same windows, priced as a
+  default policy's visits are; when measured, the worker cores are planned from it (the fold
+  procedure alone is about two thirds of it);
 - usage events per second per scheduler process, and with 2 and 4 processes
   (``bench/bench_scheduler.py --processes 1,2,4 --json bench/out/scheduler.json``);
 - Redis bytes per session and per stream entry (``bench/bench_pipeline.py --json
@@ -85,6 +90,15 @@ class Inputs:
     #: storage is then ROW_OVERHEAD × the ledger JSON).
     db_bytes_per_ledger_row: float | None = None
     db_source: str = ""
+    #: A whole worker's CPU per fold (Celery included), when measured: the cores are planned
+    #: from it rather than from the fold procedure's CPU alone.
+    worker_cpu_s: float | None = None
+    worker_cpu_source: str = ""
+
+    @property
+    def cpu_per_fold_s(self) -> float:
+        """The CPU one fold costs a worker: measured whole when it was, else the procedure's."""
+        return self.worker_cpu_s if self.worker_cpu_s is not None else self.fold_cpu_s
 
 
 def collect(budget: int, previous: dict[str, Any] | None = None) -> Inputs:
@@ -98,20 +112,24 @@ def collect(budget: int, previous: dict[str, Any] | None = None) -> Inputs:
     found: dict[str, Any] = {}
 
     def group(name: str, path: Path, how: str, fields: tuple[str, ...],
-              read: Callable[[Any], dict[str, Any]]) -> None:
+              read: Callable[[Any], dict[str, Any]], *, optional: bool = False) -> None:
         shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
         if path.exists():
             found.update(read(json.loads(path.read_text(encoding="utf-8"))))
-        elif all(f in previous for f in fields):
+        elif all(previous.get(f) is not None for f in fields):
             print(f"capacity: {shown} is missing; keeping the {name} figures "
                   "of the inputs file", file=sys.stderr)
             found.update({f: previous[f] for f in fields})
-        else:
+        elif not optional:
             raise SystemExit(f"capacity: {shown} is missing; run `{how}` first")
 
     group("fold CPU", OUT / "profile-fold.json",
           "bench/profile_fold.py --json bench/out/profile-fold.json",
           ("fold_cpu_s", "fold_cpu_source"), _fold_cpu)
+    group("worker CPU", OUT / "pipeline-throughput.json",
+          "bench/bench_pipeline.py --throughput-only --throughput-messages 291 "
+          "--throughput-economics dollars --json bench/out/pipeline-throughput.json",
+          ("worker_cpu_s", "worker_cpu_source"), _worker_cpu, optional=True)
     group("scheduler", OUT / "scheduler.json",
           "bench/bench_scheduler.py --processes 1,2,4 --json bench/out/scheduler.json",
           ("scheduler_events_per_s", "scheduler_source"),
@@ -155,7 +173,24 @@ def _fold_cpu(profile: Any) -> dict[str, Any]:
                                f"summarizer ({largest['folds']} folds{when})"}
 
 
+def _worker_cpu(pipeline: Any) -> dict[str, Any]:
+    tp = pipeline["throughput"]
+    if tp.get("cpu ms/fold") is None:
+        raise SystemExit("capacity: the pipeline throughput JSON holds no worker CPU per fold "
+                         "(measure it with a bench_pipeline.py of this release)")
+    priced = ", every visit priced" if tp.get("economics") == "dollars" else ""
+    return {"worker_cpu_s": round(tp["cpu ms/fold"] / 1000, 6),
+            "worker_cpu_source": f"bench/bench_pipeline.py --throughput-only: the CPU of one "
+                                 f"worker process group (Celery consumer and pool child, user + "
+                                 f"system) over {tp['folded']} folds of {tp['messages']}-message "
+                                 f"windows{priced}, offline summarizer, "
+                                 f"{pipeline.get('run', 'date not recorded')}"}
+
+
 def _redis(pipeline: Any) -> dict[str, Any]:
+    if "lag" not in pipeline:
+        raise SystemExit("capacity: bench/out/pipeline.json holds no lag run (a "
+                         "--throughput-only run goes to bench/out/pipeline-throughput.json)")
     lag = pipeline["lag"]
     return {"redis_bytes_per_session": float(lag["redis bytes/session"]),
             "redis_bytes_per_event": float(lag["stream bytes/event"]),
@@ -233,7 +268,7 @@ class Plan:
 def plan(inputs: Inputs, agents: int, call_interval_s: float) -> Plan:
     events = agents / call_interval_s  # one usage event per model call
     folds = events * inputs.folds_per_call
-    cores = math.ceil(folds * inputs.fold_cpu_s / UTILISATION)
+    cores = math.ceil(folds * inputs.cpu_per_fold_s / UTILISATION)
     s_calls = folds * inputs.summarizer_calls_per_fold
     dollars_h = s_calls * 3600 * (inputs.summarizer_in_per_call * SUMMARIZER_IN_PER_MTOK
                                   + inputs.summarizer_out_per_call * SUMMARIZER_OUT_PER_MTOK) / 1e6
@@ -270,7 +305,8 @@ def document(inputs: Inputs, plans: list[Plan], call_interval_s: float, budget: 
     rows = [
         ("usage events/s", lambda p: f"{p.events_per_s:,.0f}"),
         ("folds/s", lambda p: f"{p.folds_per_s:,.1f}"),
-        ("worker cores (fold CPU alone)", lambda p: f"{p.worker_cores:,}"),
+        ("worker cores (whole worker's CPU)" if inputs.worker_cpu_s is not None
+         else "worker cores (fold CPU alone)", lambda p: f"{p.worker_cores:,}"),
         ("summarizer calls/s", lambda p: f"{p.summarizer_calls_per_s:,.1f}"),
         ("summarizer $/hour", lambda p: f"${p.summarizer_dollars_per_h:,.2f}"),
         ("scheduler processes", lambda p: f"{p.scheduler_processes:,}"),
@@ -297,9 +333,13 @@ def document(inputs: Inputs, plans: list[Plan], call_interval_s: float, budget: 
         "",
         "## What was measured",
         "",
-        f"- **Fold CPU**: {inputs.fold_cpu_s * 1000:.1f} ms of worker CPU a fold "
-        f"({inputs.fold_cpu_source}). Summarizer waits are I/O: a worker's threads overlap "
-        "them, so cores are counted for CPU only; add a thread per summarizer call in flight.",
+        *([f"- **Worker CPU**: {inputs.worker_cpu_s * 1000:.1f} ms of a worker's CPU a fold "
+           f"({inputs.worker_cpu_source}): the worker cores above are planned from it."]
+          if inputs.worker_cpu_s is not None else []),
+        f"- **Fold CPU**: {inputs.fold_cpu_s * 1000:.1f} ms of CPU a fold for the fold "
+        f"procedure alone ({inputs.fold_cpu_source}). Summarizer waits are I/O: a worker's "
+        "threads overlap them, so cores are counted for CPU only; add a thread per summarizer "
+        "call in flight.",
         f"- **Scheduler ingest**: {rates} ({inputs.scheduler_source}). Processes scale by "
         "partitions; on the 2-core benchmark machine more than two processes share two cores.",
         f"- **Redis**: {inputs.redis_bytes_per_session:,.0f} bytes per session, "

@@ -3,6 +3,7 @@ model's arithmetic holds (rates scale with the fleet; every figure is positive).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -41,9 +42,9 @@ def test_the_plan_scales_with_the_fleet() -> None:
     assert math.isclose(large.events_per_s, small.events_per_s * 100)
     assert math.isclose(large.folds_per_s, small.folds_per_s * 100)
     assert math.isclose(large.ledger_rows_per_day, small.ledger_rows_per_day * 100)
-    for plan in (small, large):  # cores for the fold CPU at the planned utilisation, rounded up
+    for plan in (small, large):  # cores for a fold's CPU at the planned utilisation, rounded up
         assert plan.worker_cores == math.ceil(
-            plan.folds_per_s * inputs.fold_cpu_s / capacity.UTILISATION)
+            plan.folds_per_s * inputs.cpu_per_fold_s / capacity.UTILISATION)
     assert large.worker_cores >= small.worker_cores
     assert large.summarizer_dollars_per_h > small.summarizer_dollars_per_h > 0
     assert large.redis_bytes > small.redis_bytes > 0
@@ -61,8 +62,9 @@ def test_collect_keeps_the_figures_of_benchmarks_not_rerun_and_names_what_is_mis
     previous = json.loads(INPUTS.read_text(encoding="utf-8"))
     monkeypatch.setattr(capacity, "OUT", tmp_path)  # no benchmark JSON at all
     kept = capacity.collect(previous["budget"], previous)
-    for name, value in vars(kept).items():
-        assert value == previous[name], name  # the transcripts' figures are recomputed alike
+    defaults = {f.name: f.default for f in dataclasses.fields(capacity.Inputs)}
+    for name, value in vars(kept).items():  # the transcripts' figures recomputed alike
+        assert value == previous.get(name, defaults[name]), name
     # A re-run benchmark refreshes its own figures alone.
     (tmp_path / "pg-footprint.json").write_text(json.dumps({
         "postgres": "16.4 (x)", "started": "2026-12-02T00:00",
@@ -78,3 +80,24 @@ def test_collect_keeps_the_figures_of_benchmarks_not_rerun_and_names_what_is_mis
     with pytest.raises(SystemExit, match=r"profile-fold.json is missing; run `bench/"
                                          r"profile_fold.py"):
         capacity.collect(previous["budget"], None)
+
+
+def test_a_measured_workers_cpu_plans_the_cores_and_without_it_the_fold_cpu_does(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    previous = json.loads(INPUTS.read_text(encoding="utf-8"))
+    monkeypatch.setattr(capacity, "OUT", tmp_path)
+    (tmp_path / "pipeline-throughput.json").write_text(json.dumps({
+        "run": "2026-12-02 20:00 UTC", "throughput": {
+            "sessions": 200, "folded": 200, "messages": 291, "economics": "dollars",
+            "cpu ms/fold": 25.0}}), encoding="utf-8")
+    measured = capacity.collect(previous["budget"], previous)
+    assert measured.worker_cpu_s == 0.025 and measured.cpu_per_fold_s == 0.025
+    assert "200 folds of 291-message windows, every visit priced" in measured.worker_cpu_source
+    plan = capacity.plan(measured, 1_000_000, 30.0)
+    assert plan.worker_cores == math.ceil(plan.folds_per_s * 0.025 / capacity.UTILISATION)
+    alone = capacity.Inputs(**{**vars(measured), "worker_cpu_s": None})
+    assert alone.cpu_per_fold_s == alone.fold_cpu_s
+    assert capacity.plan(alone, 1_000_000, 30.0).worker_cores == math.ceil(
+        plan.folds_per_s * alone.fold_cpu_s / capacity.UTILISATION)
+    doc = capacity.document(measured, [plan], 30.0, previous["budget"])
+    assert "worker cores (whole worker's CPU)" in doc and "**Worker CPU**: 25.0 ms" in doc
