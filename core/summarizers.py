@@ -31,7 +31,7 @@ Test doubles (failing or scripted summarizers) live in the tests, not here.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -173,6 +173,25 @@ def _first_sentence(text: str, limit: int = 160) -> str:
     return _clip(line, limit)
 
 
+def _first_sentences(messages: Iterable[Message], room: int) -> str:
+    """The distinct first sentences of the messages' own texts, in order, joined by " | ",
+    read only until the joined text is longer than ``room``."""
+    seen: dict[str, None] = {}
+    size = 0
+    for message in messages:
+        text = message.text()
+        if not text.strip():
+            continue
+        sentence = _first_sentence(text)
+        if sentence in seen:
+            continue
+        seen[sentence] = None
+        size += len(sentence) + (3 if len(seen) > 1 else 0)
+        if size > room:
+            break
+    return " | ".join(seen)
+
+
 class ExtractiveSummarizer:
     """An offline, deterministic summarizer: no model, bounded to ``max_chars``.
 
@@ -223,7 +242,7 @@ class ExtractiveSummarizer:
             lines.append(ids_line)
             budget -= len(ids_line) + 1
 
-        sections = self._sections(messages, prev_rest)
+        sections = self._sections(messages, prev_rest, room=self.max_chars)
         for index, (label, text) in enumerate(sections):
             share = budget // (len(sections) - index)
             line = _clip(f"{label}: {text}", share - 1)
@@ -252,9 +271,13 @@ class ExtractiveSummarizer:
         return "Identifiers: " + "; ".join(chosen) if chosen else ""
 
     @staticmethod
-    def _sections(messages: Sequence[Message], previous: str) -> list[tuple[str, str]]:
-        requests: list[str] = []
-        notes: list[str] = []
+    def _sections(messages: Sequence[Message], previous: str, *,
+                  room: int) -> list[tuple[str, str]]:
+        """The prose sections, each as long as it can be shown: a section's line is clipped
+        to at most ``room`` characters (a prefix), so the first sentences are read only
+        until the joined ones pass that (the rest could not change the line)."""
+        user: list[Message] = []
+        agent: list[Message] = []
         tools: dict[str, int] = {}
         for message in messages:
             if isinstance(message, EarlierFold):
@@ -262,20 +285,20 @@ class ExtractiveSummarizer:
                 if body:
                     previous = f"{previous} {_one_line(body)}".strip()
                 continue
-            text = message.text()
-            if message.role == "user" and text.strip():
-                requests.append(_first_sentence(text))
-            elif message.role == "assistant" and text.strip():
-                notes.append(_first_sentence(text))
-            for name in (b.name for b in message.blocks() if isinstance(b, ToolUseBlock)):
-                tools[name] = tools.get(name, 0) + 1
+            (user if message.role == "user" else agent).append(message)
+            if not isinstance(message.content, str):
+                for block in message.content:
+                    if isinstance(block, ToolUseBlock):
+                        tools[block.name] = tools.get(block.name, 0) + 1
+        requests = _first_sentences(user, room)
+        notes = _first_sentences(reversed(agent), room)  # newest first
         sections: list[tuple[str, str]] = []
         if previous:
             sections.append(("Earlier", previous))
         if requests:
-            sections.append(("Requests", " | ".join(dict.fromkeys(requests))))
+            sections.append(("Requests", requests))
         if notes:
-            sections.append(("Latest notes", " | ".join(dict.fromkeys(reversed(notes)))))
+            sections.append(("Latest notes", notes))
         if tools:
             counted = ", ".join(f"{name} ×{n}" for name, n in sorted(tools.items()))
             sections.append(("Tool calls", counted))

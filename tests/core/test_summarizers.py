@@ -176,3 +176,52 @@ def test_the_first_sentence_read_off_a_head_is_the_whole_lines(text: str, limit:
     summarizers = importlib.import_module("sessionfold.core.summarizers")
     assert summarizers._first_sentence(text, limit) == _first_sentence_of_the_whole_line(
         text, limit)
+
+
+def _sections_read_whole(messages: list[Message], previous: str) -> list[tuple[str, str]]:
+    """The extractive summarizer's sections as it built them before it read only what shows:
+    every message's first sentence (the oracle the lazy reading must match)."""
+    summarizers = importlib.import_module("sessionfold.core.summarizers")
+    requests: list[str] = []
+    notes: list[str] = []
+    tools: dict[str, int] = {}
+    for message in messages:
+        if isinstance(message, EarlierFold):
+            if message.body:
+                previous = f"{previous} {summarizers._one_line(message.body)}".strip()
+            continue
+        text = message.text()
+        if message.role == "user" and text.strip():
+            requests.append(summarizers._first_sentence(text))
+        elif message.role == "assistant" and text.strip():
+            notes.append(summarizers._first_sentence(text))
+        for name in (b.name for b in message.blocks() if isinstance(b, ToolUseBlock)):
+            tools[name] = tools.get(name, 0) + 1
+    sections: list[tuple[str, str]] = []
+    if previous:
+        sections.append(("Earlier", previous))
+    if requests:
+        sections.append(("Requests", " | ".join(dict.fromkeys(requests))))
+    if notes:
+        sections.append(("Latest notes", " | ".join(dict.fromkeys(reversed(notes)))))
+    if tools:
+        sections.append(("Tool calls", ", ".join(f"{n} ×{c}" for n, c in sorted(tools.items()))))
+    return sections
+
+
+@pytest.mark.parametrize("name", transcript_names())
+@pytest.mark.parametrize("max_chars", [200, 1200, 6000])
+def test_the_extractive_sections_read_only_what_shows_and_show_what_reading_all_showed(
+        name: str, max_chars: int) -> None:
+    # Each section's line is clipped to a prefix of at most max_chars characters: sentences
+    # past that cannot change it, so the summarizer stops reading there. Same lines, clipped.
+    summarizers = importlib.import_module("sessionfold.core.summarizers")
+    messages = real(name)
+    for start, stop in [(0, len(messages)), (1, 40), (len(messages) // 2, len(messages))]:
+        span_ = messages[start:stop]
+        lazy = ExtractiveSummarizer._sections(span_, "earlier text", room=max_chars)
+        whole = _sections_read_whole(span_, "earlier text")
+        assert [label for label, _ in lazy] == [label for label, _ in whole]
+        for (_, got), (_, want) in zip(lazy, whole, strict=True):
+            assert want.startswith(got)
+            assert summarizers._clip(got, max_chars) == summarizers._clip(want, max_chars)
