@@ -8,7 +8,7 @@ claims and fold commits of one session queue on that row lock, and nothing else 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -110,6 +110,19 @@ def load_session(conn: Connection, sid: str) -> Row[Any]:
     if row is None:
         raise _not_found(sid)
     return row
+
+
+#: Ids per ``IN (…)`` list of :func:`load_sessions` (below SQLite's bound-parameter limit).
+_IDS_PER_QUERY = 5000
+
+
+def load_sessions(conn: Connection, sids: Sequence[str]) -> list[Row[Any]]:
+    """The rows of those of ``sids`` that exist, in one query per 5,000 ids."""
+    rows: list[Row[Any]] = []
+    for start in range(0, len(sids), _IDS_PER_QUERY):
+        chunk = sids[start:start + _IDS_PER_QUERY]
+        rows += conn.execute(sa.select(sessions).where(sessions.c.id.in_(chunk))).all()
+    return rows
 
 
 def lock_session(conn: Connection, sid: str) -> Row[Any]:

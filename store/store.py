@@ -16,7 +16,7 @@ opens, so a session's write lock is held for SQL round trips only::
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, get_args
 
@@ -100,6 +100,14 @@ def _check_system(system: object) -> str:
         raise InvalidInputError(f"system holds a lone surrogate at character {at}; text must be "
                                 "valid Unicode (UTF-8 cannot encode it)")
     return system
+
+
+def _valid_id(sid: object) -> bool:
+    try:
+        sessions.check_session_id(sid)
+    except InvalidInputError:
+        return False
+    return True
 
 
 def _stale(sid: str, job_id: str | None, reason: str, what: str) -> StaleSpanError:
@@ -194,6 +202,20 @@ class SessionStore:
         sid = sessions.check_session_id(sid)
         with self._db.read() as conn:
             return sessions.session_info(sessions.load_session(conn, sid))
+
+    def get_sessions(self, sids: Iterable[str]) -> dict[str, SessionInfo]:
+        """The sessions of ``sids`` that exist, by id, read in one query (a scheduler's batch).
+
+        An id that is absent, or that no session could have (not a valid session id), is
+        simply missing from the result: the caller asks about ids it was told of, not ids it
+        vouches for.
+        """
+        wanted = sorted({sid for sid in sids if _valid_id(sid)})
+        if not wanted:
+            return {}
+        with self._db.read() as conn:
+            return {row.id: sessions.session_info(row)
+                    for row in sessions.load_sessions(conn, wanted)}
 
     def set_policy(self, sid: str, policy: FoldPolicy) -> None:
         sid = sessions.check_session_id(sid)

@@ -23,7 +23,16 @@ One batch, top to bottom (:meth:`Scheduler.run_once`):
    partition while its lease changes hands). One script call per partition: on Redis Cluster
    a partition's keys share one hash slot, and a script may not touch keys of two slots.
 3. Write the accepted values to the store in one call (``record_usage_batch``); the store keeps
-   its own copy monotonic too, and refuses reports built on a window a fold has replaced.
+   its own copy monotonic too, and refuses reports built on a window a fold has replaced. A
+   session under its trigger whose size this scheduler wrote less than
+   ``scheduler_store_refresh_s`` ago (300 s by default) is not written again: its newest value
+   stays in Redis (step 2), its entry is acknowledged, and the store's copy, anchored at most
+   that long ago, is carried forward by the append path's estimate of what was appended since.
+   This is what lets one scheduler keep up with a fleet: standing agents report every few
+   seconds each, almost always under their trigger, and a store row write per report would be
+   the scheduler's whole cost. A report past the trigger is always written before the decision
+   (step 4 reads the store), and so is a session's first report after a scheduler starts or
+   takes its partition over. ``scheduler_store_refresh_s = 0`` writes every report.
 4. For each session whose report passes its policy's trigger (policy read from the store,
    cached for ``scheduler_policy_cache_s``): take the session's fold lock, re-read the session
    from the store and enqueue one job if it still needs one (:func:`skip_reason`).
@@ -83,7 +92,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -193,6 +202,10 @@ class BatchStats:
     unknown: int = 0
     #: Measured sizes written to the store.
     written: int = 0
+    #: Accepted sizes of sessions under their trigger not written to the store, because this
+    #: scheduler wrote the session's size less than ``scheduler_store_refresh_s`` ago (the
+    #: value stays in Redis; see the module doc).
+    deferred: int = 0
     #: Job ids enqueued, by session.
     enqueued: dict[str, str] = field(default_factory=dict)
     #: Sessions over their trigger that were not enqueued, with the reason.
@@ -268,6 +281,10 @@ class Scheduler:
         #: session → the entry carrying its newest accepted value, not yet in the store
         self._unwritten: dict[str, StreamEntry] = {}
         self._unwritten_since: float | None = None
+        self._refresh_s = settings.scheduler_store_refresh_s
+        #: session → (its incarnation, when (monotonic) this scheduler last wrote its measured
+        #: size to the store); the incarnation tells a session deleted and created again apart
+        self._written_at: dict[str, tuple[int, float]] = {}
         #: session → its newest nudge read since the last batch (see _act_on_nudges)
         self._nudges: dict[str, NudgeEvent] = {}
 
@@ -333,8 +350,8 @@ class Scheduler:
         """Act on a batch of entries and acknowledge them (see the module doc)."""
         stats = stats or BatchStats()
         latest = _latest_per_session(entries)
-        known = [(e, info) for sid, e in latest.items()
-                 if (info := self._cached_info(sid)) is not None]
+        infos = self._infos_for(latest)
+        known = [(e, info) for sid, e in latest.items() if (info := infos[sid]) is not None]
         accepted = self._compare_and_set(known)
         superseded = len(entries) - len(latest) + len(known) - len(accepted)
         unknown = len(latest) - len(known)
@@ -342,7 +359,6 @@ class Scheduler:
         stats.accepted += len(accepted)
         stats.superseded += superseded
         stats.unknown += unknown
-        self._metrics.count_usage_events("accepted", len(accepted))
         self._metrics.count_usage_events("superseded", superseded)
         self._metrics.count_usage_events("unknown-session", unknown)
 
@@ -352,17 +368,28 @@ class Scheduler:
         carriers = {id(e) for e in accepted}
         done = [e for e in entries if id(e) not in carriers]
         urgent: list[str] = []
-        if self._unwritten_since is None and accepted:
-            self._unwritten_since = time.monotonic()
+        now = time.monotonic()
+        deferred = 0
         for entry in accepted:
             sid = entry.event.session_id
+            info = infos[sid]
+            over = info is not None and self._may_be_over(info, entry.event)
             replaced = self._unwritten.get(sid)
+            if not over and replaced is None and info is not None and \
+                    self._fresh_in_store(info, now):
+                done.append(entry)  # under its trigger, written lately: Redis holds it
+                deferred += 1
+                continue
             if replaced is not None and replaced.entry_id != entry.entry_id:
                 done.append(replaced)  # (the same id: our own entry reclaimed, still carrying)
             self._unwritten[sid] = entry
-            info = self._cached_info(sid)
-            if info is not None and self._may_be_over(info, entry.event):
+            if over:
                 urgent.append(sid)
+        stats.deferred += deferred
+        self._metrics.count_usage_events("accepted", len(accepted) - deferred)
+        self._metrics.count_usage_events("deferred", deferred)
+        if self._unwritten_since is None and self._unwritten:
+            self._unwritten_since = now
         self.consumer.ack(done)
 
         if self._flush_due(backlog=len(entries) >= self.consumer.batch_size):
@@ -388,9 +415,15 @@ class Scheduler:
             written = [self._unwritten.pop(sid) for sid in chunk]
             stats.written += len(written)
             failed: set[str] = set()
+            infos = self._infos_for([entry.event.session_id for entry in written])
+            if self._refresh_s > 0:
+                now = time.monotonic()
+                for sid, info in infos.items():
+                    if info is not None:
+                        self._written_at[sid] = (info.incarnation, now)
             for entry in written:
                 ev = entry.event
-                info = self._cached_info(ev.session_id)
+                info = infos[ev.session_id]
                 if info is not None and self._may_be_over(info, ev) and \
                         not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
                     failed.add(ev.session_id)
@@ -399,6 +432,13 @@ class Scheduler:
         if not self._unwritten:
             self._unwritten_since = None
         return len(sids)
+
+    def _fresh_in_store(self, info: SessionInfo, now: float) -> bool:
+        """Did this scheduler write this session's measured size less than
+        ``scheduler_store_refresh_s`` ago (this incarnation of it)?"""
+        held = self._written_at.get(info.id)
+        return held is not None and held[0] == info.incarnation and \
+            now - held[1] < self._refresh_s
 
     def _flush_due(self, *, backlog: bool) -> bool:
         # Caught up (the read was not full): write now. Behind: let reports of sessions under
@@ -537,6 +577,7 @@ class Scheduler:
                 accepted.append(entry)
             elif verdict == ord("2"):
                 self._infos.pop(entry.event.session_id, None)  # re-read it next time
+                self._written_at.pop(entry.event.session_id, None)  # (another incarnation)
         return accepted
 
     def _run_cas(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[bytes]:
@@ -618,10 +659,34 @@ class Scheduler:
         self._infos[sid] = (time.monotonic(), info)
         return info
 
+    def _infos_for(self, sids: Iterable[str]) -> dict[str, SessionInfo | None]:
+        """:meth:`_cached_info` of each of ``sids``, the misses read in one store query (a
+        batch of a thousand cold sessions: one round trip, not a thousand)."""
+        now = time.monotonic()
+        found: dict[str, SessionInfo | None] = {}
+        missing: list[str] = []
+        for sid in sids:
+            hit = self._infos.get(sid)
+            if hit is not None and now - hit[0] <= self._cache_s:
+                found[sid] = hit[1]
+            else:
+                missing.append(sid)
+        if missing:
+            read = self.store.get_sessions(missing)
+            now = time.monotonic()
+            for sid in missing:
+                info = found[sid] = read.get(sid)
+                self._infos[sid] = (now, info)
+        return found
+
     def _prune_caches(self, max_entries: int = 100_000) -> None:
         if len(self._infos) > max_entries:
             now = time.monotonic()
             self._infos = {k: v for k, v in self._infos.items() if now - v[0] <= self._cache_s}
+        if len(self._written_at) > max_entries:
+            now = time.monotonic()
+            self._written_at = {k: held for k, held in self._written_at.items()
+                                if now - held[1] < self._refresh_s}
         if len(self._verdicts) > max_entries:
             self._verdicts = {k: v for k, v in self._verdicts.items() if k in self._infos}
 

@@ -237,6 +237,10 @@ class Settings(BaseSettings):
     #: While behind, how long reports of sessions under their trigger may wait to be written
     #: to the store (coalescing them); 0 writes every batch. See workers.scheduler.
     scheduler_store_flush_ms: int = Field(default=250, ge=0, le=10_000)
+    #: A session under its trigger has its measured size written to the store at most once
+    #: per this many seconds by a scheduler (newer reports stay in Redis); reports past the
+    #: trigger are always written. 0 writes every report. See workers.scheduler.
+    scheduler_store_refresh_s: float = Field(default=300.0, ge=0)
     #: One fold job per session: the lock covers the job's queue wait and its run.
     lock_ttl_s: float = Field(default=900.0, gt=0)
     #: Per-session measured size kept in Redis expires after this long without a report.

@@ -57,6 +57,20 @@ def test_unknown_sessions_raise_session_not_found_everywhere(store: SessionStore
     assert sum(row_counts(store).values()) == 0
 
 
+def test_get_sessions_reads_many_at_once_and_leaves_out_what_no_session_has(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessionfold.store import sessions as session_rows
+
+    created = {sid: store.create_session(sid, POLICY) for sid in ("a", "b", "c", "d\u00e9")}
+    # Few ids per query here, so the chunking is exercised too.
+    monkeypatch.setattr(session_rows, "_IDS_PER_QUERY", 2)
+    asked = ["c", "a", "missing", "d\u00e9", "a", "", "x" * 256, "tab\there", "\ud800", None, 7]
+    found = store.get_sessions(asked)  # type: ignore[arg-type]
+    assert found == {sid: created[sid] for sid in ("a", "c", "d\u00e9")}
+    assert found["a"] == store.get_session("a")
+    assert store.get_sessions([]) == {} and store.get_sessions(["", "\x00"]) == {}
+
+
 @pytest.mark.parametrize("bad", [None, 7, "", "x" * 256, "tab\there"])
 def test_bad_session_ids_are_refused(store: SessionStore, bad: object) -> None:
     with pytest.raises(InvalidInputError, match="session id"):

@@ -323,7 +323,8 @@ def test_with_flush_zero_every_batch_is_written(
         redis_conn: redis.Redis, publisher: UsagePublisher,
         monkeypatch: pytest.MonkeyPatch) -> None:
     settings = make_settings(scheduler_block_ms=10, scheduler_batch_size=5,
-                             scheduler_store_flush_ms=0, scheduler_sweep_interval_s=3600)
+                             scheduler_store_flush_ms=0, scheduler_store_refresh_s=0,
+                             scheduler_sweep_interval_s=3600)
     sched = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
                       metrics_=Metrics(CollectorRegistry()))
     info = new_session(sqlite_store, "s1", n_turns=8)
@@ -335,6 +336,68 @@ def test_with_flush_zero_every_batch_is_written(
         sched.run_once()
         assert pending(redis_conn, settings) == 0
     assert writes.calls == [["s1"], ["s1"], ["s1"]]
+
+
+def test_under_its_trigger_a_session_is_written_once_per_refresh_interval(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_settings(scheduler_block_ms=10, scheduler_store_flush_ms=0,
+                             scheduler_store_refresh_s=0.5, scheduler_policy_cache_s=0,
+                             scheduler_sweep_interval_s=3600)
+    registry = CollectorRegistry()
+    enqueue = RecordingEnqueue()
+    sched = Scheduler(settings, sqlite_store, redis_conn, enqueue, metrics_=Metrics(registry))
+    info = new_session(sqlite_store, "s1", n_turns=8)  # budget 10,000: trigger 8,500
+    writes = CountingWrites(sqlite_store)
+    monkeypatch.setattr(sqlite_store, "record_usage_batch", writes)
+    measured = Keys.from_settings(settings).measured("s1")
+
+    publisher.publish(usage(info, 2_000, seq=1))
+    first = sched.run_once()  # the first report this scheduler sees: written
+    publisher.publish(usage(info, 2_500, seq=2))
+    second = sched.run_once()  # under the trigger, written just now: Redis keeps it
+    assert (first.written, first.deferred, second.written, second.deferred) == (1, 0, 0, 1)
+    assert writes.calls == [["s1"]]
+    assert pending(redis_conn, settings) == 0  # acknowledged: nothing is redelivered
+    assert redis_conn.hmget(measured, "seq", "tokens") == [b"2", b"2500"]
+    assert sqlite_store.get_session("s1").measured_seq == 1
+    assert registry.get_sample_value("sessionfold_usage_events_total",
+                                     {"result": "deferred"}) == 1
+    assert registry.get_sample_value("sessionfold_usage_events_total",
+                                     {"result": "accepted"}) == 1
+
+    time.sleep(0.6)  # the refresh interval has passed: the next report is written
+    publisher.publish(usage(info, 3_000, seq=3))
+    assert sched.run_once().written == 1
+    assert sqlite_store.get_session("s1").measured_seq == 3
+
+    publisher.publish(usage(info, 9_000, seq=4))  # past the trigger: written and decided
+    past = sched.run_once()
+    assert (past.written, past.deferred) == (1, 0)
+    assert sqlite_store.get_session("s1").measured_tokens == 9_000
+    assert [job[0] for job in enqueue.jobs] == ["s1"]
+    assert writes.calls == [["s1"], ["s1"], ["s1"]]
+
+
+def test_a_new_scheduler_writes_each_session_s_first_report(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher) -> None:
+    # A restart (or a partition handed over): the new process has written nothing yet, so the
+    # store gets the newest size at once whatever the one before wrote.
+    settings = make_settings(scheduler_block_ms=10, scheduler_store_flush_ms=0,
+                             scheduler_policy_cache_s=0, scheduler_sweep_interval_s=3600)
+    assert settings.scheduler_store_refresh_s == 300
+    info = new_session(sqlite_store, "s1", n_turns=8)
+    for seq, tokens in ((1, 2_000), (2, 2_100)):
+        sched = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
+                          metrics_=Metrics(CollectorRegistry()))
+        publisher.publish(usage(info, tokens, seq=seq))
+        assert sched.run_once().written == 1
+        assert sqlite_store.get_session("s1").measured_tokens == tokens
+        stopped = threading.Event()
+        stopped.set()
+        sched.run_forever(stopped)  # stops at once, handing its partitions over
 
 
 def test_stopping_writes_what_waits(
@@ -362,6 +425,8 @@ def test_stopping_writes_what_waits(
 def test_two_schedulers_at_once_keep_every_size_monotonic(
         settings: Settings, sqlite_store: SessionStore, redis_url: str,
         publisher: UsagePublisher) -> None:
+    # Every report written (no refresh interval): the store must end at each newest one too.
+    settings = settings.model_copy(update={"scheduler_store_refresh_s": 0})
     sessions = [new_session(sqlite_store, f"s{i}", n_turns=20) for i in range(4)]
     events = [usage(info, 1_000 + seq, seq=seq) for info in sessions for seq in range(40)]
     random.Random(7).shuffle(events)
