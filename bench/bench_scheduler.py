@@ -127,7 +127,7 @@ def _scheduler(settings: Settings, store: SessionStore, client: Any, name: str,
                           lambda sid, epoch, trigger, token: enqueued.append(sid) or "job",
                           consumer_name=name, metrics_=Metrics(CollectorRegistry()))
     if args.warm_cache:  # the policy cache as a long-running scheduler has it
-        scheduler._infos_for([sid for sid, _, _ in sessions])
+        scheduler._gates_for([sid for sid, _, _ in sessions])
     return scheduler
 
 
@@ -166,8 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         totals, "store write (record_usage_batch)", store.record_usage_batch)
     store.get_session = _timed(  # type: ignore[method-assign]
         totals, "store read (policy cache misses)", store.get_session)
-    store.get_sessions = _timed(  # type: ignore[method-assign]
-        totals, "store read (policy cache misses)", store.get_sessions)
+    store.session_gates = _timed(  # type: ignore[method-assign]
+        totals, "store read (policy cache misses)", store.session_gates)
     consumer.ack = _timed(totals, "redis ack", consumer.ack)  # type: ignore[method-assign]
 
     ingested = batches = accepted = deferred = 0

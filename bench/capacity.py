@@ -18,8 +18,10 @@ What it reads, and from which benchmark:
   worker (Celery consumer and pool child) spends per fold of the same windows, priced as a
   default policy's visits are; when measured, the worker cores are planned from it (the fold
   procedure alone is about two thirds of it);
-- usage events per second per scheduler process, and with 2 and 4 processes
-  (``bench/bench_scheduler.py --processes 1,2,4 --json bench/out/scheduler.json``);
+- usage events per second per scheduler process, and with 2 and 4 processes, as a fleet in
+  steady state sends them (``bench/bench_scheduler.py --processes 1,2,4 --sessions 20000
+  --events 100000 --policy-cache-s 0 --json bench/out/scheduler.json``: about one event per
+  session per read, no session's gate still cached from its last report);
 - Redis bytes per session and per stream entry (``bench/bench_pipeline.py --json
   bench/out/pipeline.json``);
 - folds per model call, summarizer calls per fold and summarizer tokens per call (B1,
@@ -130,12 +132,10 @@ def collect(budget: int, previous: dict[str, Any] | None = None) -> Inputs:
           "bench/bench_pipeline.py --throughput-only --throughput-messages 291 "
           "--throughput-economics dollars --json bench/out/pipeline-throughput.json",
           ("worker_cpu_s", "worker_cpu_source"), _worker_cpu, optional=True)
-    group("scheduler", OUT / "scheduler.json",
-          "bench/bench_scheduler.py --processes 1,2,4 --json bench/out/scheduler.json",
+    group("scheduler", OUT / "scheduler.json", SCHEDULER_COMMAND,
           ("scheduler_events_per_s", "scheduler_source"),
           lambda data: {"scheduler_events_per_s": _scheduler_rates(data),
-                        "scheduler_source": "bench/bench_scheduler.py --processes 1,2,4 "
-                                            "(events/s, all processes together)"})
+                        "scheduler_source": _scheduler_source(data)})
     group("Redis", OUT / "pipeline.json",
           "bench/bench_pipeline.py --json bench/out/pipeline.json",
           ("redis_bytes_per_session", "redis_bytes_per_event", "redis_source"), _redis)
@@ -230,6 +230,24 @@ def _pg_footprint(data: Any) -> dict[str, Any]:
                          "session rows and append keys are bounded per session and left out"}
 
 
+#: A fleet in steady state: about one event per session per read (20,000 sessions over 16
+#: partitions), every session's cached gate expired between its reports (a policy cache of 0:
+#: agents calling every 30 s outlive the 5 s default), the store refresh at its default.
+SCHEDULER_COMMAND = ("bench/bench_scheduler.py --processes 1,2,4 --sessions 20000 --events "
+                     "100000 --policy-cache-s 0 --json bench/out/scheduler.json")
+
+
+def _scheduler_source(data: Any) -> str:
+    args = data.get("args", {}) if isinstance(data, dict) else {}
+    if not args:
+        return "bench/bench_scheduler.py --processes 1,2,4 (events/s, all processes together)"
+    return (f"bench/bench_scheduler.py --processes {args.get('processes')}: "
+            f"{args.get('events', 0):,} events over {args.get('sessions', 0):,} sessions "
+            f"(about one event per session per read, a fleet in steady state), policy cache "
+            f"{args.get('policy_cache_s', 3600):g} s, store refresh "
+            f"{args.get('refresh_s', 0):g} s; events/s, all processes together")
+
+
 def _scheduler_rates(data: Any) -> dict[str, float]:
     runs = data["runs"] if isinstance(data, dict) and "runs" in data else data
     if isinstance(runs, dict):
@@ -283,7 +301,8 @@ def plan(inputs: Inputs, agents: int, call_interval_s: float) -> Plan:
     storage_day = rows_day * (inputs.db_bytes_per_ledger_row
                               or inputs.bytes_per_ledger_row * ROW_OVERHEAD)
     # Each call's messages are one or two appends (a transaction each), each fold one commit;
-    # usage reports reach the store in the scheduler's batches (one statement per batch).
+    # usage reports reach the store in the scheduler's batches (one statement per batch, each
+    # session under its trigger at most once per scheduler_store_refresh_s).
     writes = events * inputs.ledger_rows_per_call + folds
     return Plan(agents=agents, events_per_s=events, folds_per_s=folds, worker_cores=cores,
                 summarizer_calls_per_s=s_calls, summarizer_dollars_per_h=dollars_h,

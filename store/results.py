@@ -36,6 +36,22 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class SessionGate:
+    """The few fields of a session row a scheduler checks each usage report against (read in
+    bulk, cached per session; :meth:`SessionStore.session_gates
+    <sessionfold.store.store.SessionStore.session_gates>`): which incarnation of the id it is,
+    and whether the report may take it past its trigger. A decision to fold is always made on
+    a fresh, full :class:`SessionInfo`."""
+
+    id: str
+    incarnation: int
+    created_at: datetime
+    paused: bool
+    current_tokens: int
+    trigger_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """One session's row: policy, fold fence, sizes, and the last visit's outcome."""
 
@@ -72,6 +88,12 @@ class SessionInfo:
     #: Claims in a row taken over from a holder that never finished (worker lost mid-fold);
     #: 0 again after a finished visit, a committed fold, or a resume.
     abandoned_folds: int = 0
+
+    @property
+    def gate(self) -> SessionGate:
+        """This row's :class:`SessionGate`."""
+        return SessionGate(self.id, self.incarnation, self.created_at, self.paused,
+                           self.current_tokens, self.trigger_tokens)
 
     @property
     def over_trigger(self) -> bool:

@@ -65,6 +65,7 @@ from .results import (
     LedgerEntry,
     PruneReport,
     SearchHit,
+    SessionGate,
     SessionInfo,
     StoredRecord,
     StoredSpan,
@@ -216,6 +217,17 @@ class SessionStore:
         with self._db.read() as conn:
             return {row.id: sessions.session_info(row)
                     for row in sessions.load_sessions(conn, wanted)}
+
+    def session_gates(self, sids: Iterable[str]) -> dict[str, SessionGate]:
+        """:meth:`get_sessions`, but only each session's :class:`SessionGate` (five columns, no
+        policy to parse: about a fifth of the cost): what a scheduler checks reports against."""
+        wanted = sorted({sid for sid in sids if _valid_id(sid)})
+        if not wanted:
+            return {}
+        with self._db.read() as conn:
+            return {row.id: SessionGate(row.id, row.incarnation, row.created_at, row.paused,
+                                        row.current_tokens, row.trigger_tokens)
+                    for row in sessions.load_sessions(conn, wanted, gates=True)}
 
     def set_policy(self, sid: str, policy: FoldPolicy) -> None:
         sid = sessions.check_session_id(sid)

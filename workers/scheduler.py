@@ -101,7 +101,7 @@ from typing import Protocol
 from sessionfold.core.errors import SessionfoldError, SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import supersedes
-from sessionfold.store.results import PruneReport, SessionInfo, UsageReport
+from sessionfold.store.results import PruneReport, SessionGate, SessionInfo, UsageReport
 from sessionfold.store.store import SessionStore
 
 from .keys import Keys
@@ -270,6 +270,9 @@ class Scheduler:
         self._cache_s = settings.scheduler_policy_cache_s
         #: session → (monotonic time read, info or None for unknown)
         self._infos: dict[str, tuple[float, SessionInfo | None]] = {}
+        #: session → (monotonic time read, its gate or None for unknown): the usage path's
+        #: cache, a few fields a session (the full info above serves the sweep)
+        self._gates: dict[str, tuple[float, SessionGate | None]] = {}
         #: session → (last_visit_at, policy) of the last no-fold verdict seen
         self._verdicts: dict[str, tuple[datetime | None, FoldPolicy]] = {}
         self._next_sweep = 0.0
@@ -350,8 +353,8 @@ class Scheduler:
         """Act on a batch of entries and acknowledge them (see the module doc)."""
         stats = stats or BatchStats()
         latest = _latest_per_session(entries)
-        infos = self._infos_for(latest)
-        known = [(e, info) for sid, e in latest.items() if (info := infos[sid]) is not None]
+        gates = self._gates_for(latest)
+        known = [(e, gate) for sid, e in latest.items() if (gate := gates[sid]) is not None]
         accepted = self._compare_and_set(known)
         superseded = len(entries) - len(latest) + len(known) - len(accepted)
         unknown = len(latest) - len(known)
@@ -372,11 +375,11 @@ class Scheduler:
         deferred = 0
         for entry in accepted:
             sid = entry.event.session_id
-            info = infos[sid]
-            over = info is not None and self._may_be_over(info, entry.event)
+            gate = gates[sid]
+            over = gate is not None and self._may_be_over(gate, entry.event)
             replaced = self._unwritten.get(sid)
-            if not over and replaced is None and info is not None and \
-                    self._fresh_in_store(info, now):
+            if not over and replaced is None and gate is not None and \
+                    self._fresh_in_store(gate, now):
                 done.append(entry)  # under its trigger, written lately: Redis holds it
                 deferred += 1
                 continue
@@ -415,16 +418,16 @@ class Scheduler:
             written = [self._unwritten.pop(sid) for sid in chunk]
             stats.written += len(written)
             failed: set[str] = set()
-            infos = self._infos_for([entry.event.session_id for entry in written])
+            gates = self._gates_for([entry.event.session_id for entry in written])
             if self._refresh_s > 0:
                 now = time.monotonic()
-                for sid, info in infos.items():
-                    if info is not None:
-                        self._written_at[sid] = (info.incarnation, now)
+                for sid, gate in gates.items():
+                    if gate is not None:
+                        self._written_at[sid] = (gate.incarnation, now)
             for entry in written:
                 ev = entry.event
-                info = infos[ev.session_id]
-                if info is not None and self._may_be_over(info, ev) and \
+                gate = gates[ev.session_id]
+                if gate is not None and self._may_be_over(gate, ev) and \
                         not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
                     failed.add(ev.session_id)
             # A failed enqueue leaves its entry pending: it comes back through XAUTOCLAIM.
@@ -433,11 +436,11 @@ class Scheduler:
             self._unwritten_since = None
         return len(sids)
 
-    def _fresh_in_store(self, info: SessionInfo, now: float) -> bool:
+    def _fresh_in_store(self, gate: SessionGate, now: float) -> bool:
         """Did this scheduler write this session's measured size less than
         ``scheduler_store_refresh_s`` ago (this incarnation of it)?"""
-        held = self._written_at.get(info.id)
-        return held is not None and held[0] == info.incarnation and \
+        held = self._written_at.get(gate.id)
+        return held is not None and held[0] == gate.incarnation and \
             now - held[1] < self._refresh_s
 
     def _flush_due(self, *, backlog: bool) -> bool:
@@ -465,7 +468,7 @@ class Scheduler:
         for info in self.store.over_trigger(limit=1000):
             if self.keys.partition_of(info.id) not in owned:
                 continue  # another scheduler's partition: its owner sweeps it
-            self._infos[info.id] = (time.monotonic(), info)
+            self._remember(info)
             past_budget += info.policy.over_budget(info.current_tokens)
             self._try_enqueue(info.id, "sweep", stats, fresh=info)
         # Paused sessions are left out above (nothing folds them) and counted apart: each one
@@ -547,12 +550,12 @@ class Scheduler:
             self._try_enqueue(sid, "nudge", stats)
 
     # --- steps -------------------------------------------------------------------------------
-    def _compare_and_set(self, known: Sequence[tuple[StreamEntry, SessionInfo]]
+    def _compare_and_set(self, known: Sequence[tuple[StreamEntry, SessionGate]]
                          ) -> list[StreamEntry]:
         if not known:
             return []
         # One script call per partition: a partition's keys share one Redis Cluster slot.
-        groups: dict[int, list[tuple[StreamEntry, SessionInfo]]] = {}
+        groups: dict[int, list[tuple[StreamEntry, SessionGate]]] = {}
         for pair in known:
             groups.setdefault(pair[0].partition, []).append(pair)
         calls: list[tuple[list[str], list[str | int]]] = []
@@ -576,8 +579,7 @@ class Scheduler:
             if verdict == ord("1"):
                 accepted.append(entry)
             elif verdict == ord("2"):
-                self._infos.pop(entry.event.session_id, None)  # re-read it next time
-                self._written_at.pop(entry.event.session_id, None)  # (another incarnation)
+                self._forget(entry.event.session_id)  # re-read it next time
         return accepted
 
     def _run_cas(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[bytes]:
@@ -590,7 +592,7 @@ class Scheduler:
             self._cas(keys=keys, args=args, client=pipe)
         return list(pipe.execute())
 
-    def _may_be_over(self, info: SessionInfo, ev: UsageEvent) -> bool:
+    def _may_be_over(self, info: SessionGate | SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
         if info.paused:
             return False
@@ -610,13 +612,13 @@ class Scheduler:
             info = fresh or self.store.get_session(sid)
         except SessionNotFoundError:
             self.lock.release(sid, token)
-            self._infos[sid] = (time.monotonic(), None)
+            self._forget(sid, gone=True)
             stats.skipped[sid] = "unknown-session"
             return True
         except BaseException:
             self.lock.release(sid, token)
             raise
-        self._infos[sid] = (time.monotonic(), info)
+        self._remember(info)
         reason = skip_reason(info, self._verdict_policy(info), trigger)
         if reason is not None:
             self.lock.release(sid, token)
@@ -659,30 +661,50 @@ class Scheduler:
         self._infos[sid] = (time.monotonic(), info)
         return info
 
-    def _infos_for(self, sids: Iterable[str]) -> dict[str, SessionInfo | None]:
-        """:meth:`_cached_info` of each of ``sids``, the misses read in one store query (a
-        batch of a thousand cold sessions: one round trip, not a thousand)."""
+    def _gates_for(self, sids: Iterable[str]) -> dict[str, SessionGate | None]:
+        """Each session's cached gate; the misses read in one store query (a batch of a
+        thousand cold sessions: one round trip, not a thousand)."""
         now = time.monotonic()
-        found: dict[str, SessionInfo | None] = {}
+        found: dict[str, SessionGate | None] = {}
         missing: list[str] = []
         for sid in sids:
-            hit = self._infos.get(sid)
+            hit = self._gates.get(sid)
             if hit is not None and now - hit[0] <= self._cache_s:
                 found[sid] = hit[1]
             else:
                 missing.append(sid)
         if missing:
-            read = self.store.get_sessions(missing)
+            read = self.store.session_gates(missing)
             now = time.monotonic()
             for sid in missing:
-                info = found[sid] = read.get(sid)
-                self._infos[sid] = (now, info)
+                gate = found[sid] = read.get(sid)
+                self._gates[sid] = (now, gate)
         return found
+
+    def _remember(self, info: SessionInfo) -> None:
+        """A fresh read of the session: both caches take it."""
+        now = time.monotonic()
+        self._infos[info.id] = (now, info)
+        self._gates[info.id] = (now, info.gate)
+
+    def _forget(self, sid: str, *, gone: bool = False) -> None:
+        """Read the session again next time; ``gone``: it is known not to exist."""
+        if gone:
+            now = time.monotonic()
+            self._infos[sid] = (now, None)
+            self._gates[sid] = (now, None)
+        else:
+            self._infos.pop(sid, None)
+            self._gates.pop(sid, None)
+            self._written_at.pop(sid, None)  # (another incarnation)
 
     def _prune_caches(self, max_entries: int = 100_000) -> None:
         if len(self._infos) > max_entries:
             now = time.monotonic()
             self._infos = {k: v for k, v in self._infos.items() if now - v[0] <= self._cache_s}
+        if len(self._gates) > max_entries:
+            now = time.monotonic()
+            self._gates = {k: v for k, v in self._gates.items() if now - v[0] <= self._cache_s}
         if len(self._written_at) > max_entries:
             now = time.monotonic()
             self._written_at = {k: held for k, held in self._written_at.items()

@@ -69,6 +69,11 @@ def test_get_sessions_reads_many_at_once_and_leaves_out_what_no_session_has(
     assert found == {sid: created[sid] for sid in ("a", "c", "d\u00e9")}
     assert found["a"] == store.get_session("a")
     assert store.get_sessions([]) == {} and store.get_sessions(["", "\x00"]) == {}
+    # The scheduler's lean read: the same sessions, each its full row's gate.
+    gates = store.session_gates(asked)  # type: ignore[arg-type]
+    assert gates == {sid: info.gate for sid, info in found.items()}
+    store.set_paused("a", True)
+    assert store.session_gates(["a"])["a"].paused and store.get_session("a").gate.paused
 
 
 @pytest.mark.parametrize("bad", [None, 7, "", "x" * 256, "tab\there"])
