@@ -112,25 +112,21 @@ def load_session(conn: Connection, sid: str) -> Row[Any]:
     return row
 
 
-#: Ids per ``IN (…)`` list of :func:`load_sessions` (below SQLite's bound-parameter limit).
+#: Ids per ``IN (…)`` list of :func:`load_gates` (below SQLite's bound-parameter limit).
 _IDS_PER_QUERY = 5000
+_SELECT_GATES = sa.select(
+    sessions.c.id, sessions.c.incarnation, sessions.c.created_at, sessions.c.paused,
+    sessions.c.current_tokens, sessions.c.trigger_tokens,
+).where(sessions.c.id.in_(sa.bindparam("ids", expanding=True)))
 
 
-_GATE_COLUMNS = (sessions.c.id, sessions.c.incarnation, sessions.c.created_at, sessions.c.paused,
-                 sessions.c.current_tokens, sessions.c.trigger_tokens)
-_SELECT_MANY = sa.select(sessions).where(sessions.c.id.in_(sa.bindparam("ids", expanding=True)))
-_SELECT_GATES = sa.select(*_GATE_COLUMNS).where(
-    sessions.c.id.in_(sa.bindparam("ids", expanding=True)))
-
-
-def load_sessions(conn: Connection, sids: Sequence[str], *, gates: bool = False
-                  ) -> list[Row[Any]]:
-    """The rows of those of ``sids`` that exist, in one query per 5,000 ids; ``gates``: only
-    the columns of a :class:`~.results.SessionGate`."""
-    query = _SELECT_GATES if gates else _SELECT_MANY
+def load_gates(conn: Connection, sids: Sequence[str]) -> list[Row[Any]]:
+    """The columns of a :class:`~.results.SessionGate` of those of ``sids`` that exist, in one
+    query per 5,000 ids."""
     rows: list[Any] = []
     for start in range(0, len(sids), _IDS_PER_QUERY):
-        rows += conn.execute(query, {"ids": list(sids[start:start + _IDS_PER_QUERY])}).all()
+        rows += conn.execute(_SELECT_GATES,
+                             {"ids": list(sids[start:start + _IDS_PER_QUERY])}).all()
     return rows
 
 

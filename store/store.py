@@ -204,8 +204,10 @@ class SessionStore:
         with self._db.read() as conn:
             return sessions.session_info(sessions.load_session(conn, sid))
 
-    def get_sessions(self, sids: Iterable[str]) -> dict[str, SessionInfo]:
-        """The sessions of ``sids`` that exist, by id, read in one query (a scheduler's batch).
+    def session_gates(self, sids: Iterable[str]) -> dict[str, SessionGate]:
+        """The :class:`SessionGate` of each of ``sids`` that exists, by id, in one query (five
+        columns, no policy to parse: a fifth of a full row's cost): what a scheduler checks a
+        batch of usage reports against.
 
         An id that is absent, or that no session could have (not a valid session id), is
         simply missing from the result: the caller asks about ids it was told of, not ids it
@@ -215,19 +217,9 @@ class SessionStore:
         if not wanted:
             return {}
         with self._db.read() as conn:
-            return {row.id: sessions.session_info(row)
-                    for row in sessions.load_sessions(conn, wanted)}
-
-    def session_gates(self, sids: Iterable[str]) -> dict[str, SessionGate]:
-        """:meth:`get_sessions`, but only each session's :class:`SessionGate` (five columns, no
-        policy to parse: about a fifth of the cost): what a scheduler checks reports against."""
-        wanted = sorted({sid for sid in sids if _valid_id(sid)})
-        if not wanted:
-            return {}
-        with self._db.read() as conn:
             return {row.id: SessionGate(row.id, row.incarnation, row.created_at, row.paused,
                                         row.current_tokens, row.trigger_tokens)
-                    for row in sessions.load_sessions(conn, wanted, gates=True)}
+                    for row in sessions.load_gates(conn, wanted)}
 
     def set_policy(self, sid: str, policy: FoldPolicy) -> None:
         sid = sessions.check_session_id(sid)

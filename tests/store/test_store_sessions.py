@@ -57,23 +57,22 @@ def test_unknown_sessions_raise_session_not_found_everywhere(store: SessionStore
     assert sum(row_counts(store).values()) == 0
 
 
-def test_get_sessions_reads_many_at_once_and_leaves_out_what_no_session_has(
+def test_session_gates_read_many_at_once_and_leave_out_what_no_session_has(
         store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
     from sessionfold.store import sessions as session_rows
 
-    created = {sid: store.create_session(sid, POLICY) for sid in ("a", "b", "c", "d\u00e9")}
+    for sid in ("a", "b", "c", "d\u00e9"):
+        store.create_session(sid, POLICY)
+    store.append("c", [user("grow")])  # its current size moves away from the others'
     # Few ids per query here, so the chunking is exercised too.
     monkeypatch.setattr(session_rows, "_IDS_PER_QUERY", 2)
     asked = ["c", "a", "missing", "d\u00e9", "a", "", "x" * 256, "tab\there", "\ud800", None, 7]
-    found = store.get_sessions(asked)  # type: ignore[arg-type]
-    assert found == {sid: created[sid] for sid in ("a", "c", "d\u00e9")}
-    assert found["a"] == store.get_session("a")
-    assert store.get_sessions([]) == {} and store.get_sessions(["", "\x00"]) == {}
-    # The scheduler's lean read: the same sessions, each its full row's gate.
     gates = store.session_gates(asked)  # type: ignore[arg-type]
-    assert gates == {sid: info.gate for sid, info in found.items()}
+    assert gates == {sid: store.get_session(sid).gate for sid in ("a", "c", "d\u00e9")}
+    assert gates["c"].current_tokens > gates["a"].current_tokens
+    assert store.session_gates([]) == {} and store.session_gates(["", "\x00"]) == {}
     store.set_paused("a", True)
-    assert store.session_gates(["a"])["a"].paused and store.get_session("a").gate.paused
+    assert store.session_gates(["a"])["a"].paused and not gates["a"].paused
 
 
 @pytest.mark.parametrize("bad", [None, 7, "", "x" * 256, "tab\there"])

@@ -282,6 +282,13 @@ class CountingWrites:
         self.calls.append([r.session_id for r in reports])
         return self._real(reports)
 
+    @classmethod
+    def on(cls, store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> CountingWrites:
+        """Count ``store``'s usage writes for the rest of the test."""
+        writes = cls(store)
+        monkeypatch.setattr(store, "record_usage_batch", writes)
+        return writes
+
 
 def test_while_behind_reports_under_the_trigger_coalesce_before_the_store(
         make_settings: Callable[..., Settings], sqlite_store: SessionStore,
@@ -296,8 +303,7 @@ def test_while_behind_reports_under_the_trigger_coalesce_before_the_store(
     sched = Scheduler(settings, sqlite_store, redis_conn, enqueue,
                       metrics_=Metrics(CollectorRegistry()))
     quiet, hot = new_session(sqlite_store, "quiet", n_turns=8), new_session(sqlite_store, "hot")
-    writes = CountingWrites(sqlite_store)
-    monkeypatch.setattr(sqlite_store, "record_usage_batch", writes)
+    writes = CountingWrites.on(sqlite_store, monkeypatch)
     for seq in range(10):
         publisher.publish(usage(quiet, 2_000 + seq, seq=seq))
     publisher.publish(usage(hot, 9_000))  # over its trigger, in the third (full) batch
@@ -328,8 +334,7 @@ def test_with_flush_zero_every_batch_is_written(
     sched = Scheduler(settings, sqlite_store, redis_conn, RecordingEnqueue(),
                       metrics_=Metrics(CollectorRegistry()))
     info = new_session(sqlite_store, "s1", n_turns=8)
-    writes = CountingWrites(sqlite_store)
-    monkeypatch.setattr(sqlite_store, "record_usage_batch", writes)
+    writes = CountingWrites.on(sqlite_store, monkeypatch)
     for seq in range(15):
         publisher.publish(usage(info, 2_000 + seq, seq=seq))
     for _ in range(3):
@@ -343,14 +348,13 @@ def test_under_its_trigger_a_session_is_written_once_per_refresh_interval(
         redis_conn: redis.Redis, publisher: UsagePublisher,
         monkeypatch: pytest.MonkeyPatch) -> None:
     settings = make_settings(scheduler_block_ms=10, scheduler_store_flush_ms=0,
-                             scheduler_store_refresh_s=0.5, scheduler_policy_cache_s=0,
+                             scheduler_store_refresh_s=600, scheduler_policy_cache_s=0,
                              scheduler_sweep_interval_s=3600)
     registry = CollectorRegistry()
     enqueue = RecordingEnqueue()
     sched = Scheduler(settings, sqlite_store, redis_conn, enqueue, metrics_=Metrics(registry))
     info = new_session(sqlite_store, "s1", n_turns=8)  # budget 10,000: trigger 8,500
-    writes = CountingWrites(sqlite_store)
-    monkeypatch.setattr(sqlite_store, "record_usage_batch", writes)
+    writes = CountingWrites.on(sqlite_store, monkeypatch)
     measured = Keys.from_settings(settings).measured("s1")
 
     publisher.publish(usage(info, 2_000, seq=1))
@@ -367,7 +371,10 @@ def test_under_its_trigger_a_session_is_written_once_per_refresh_interval(
     assert registry.get_sample_value("sessionfold_usage_events_total",
                                      {"result": "accepted"}) == 1
 
-    time.sleep(0.6)  # the refresh interval has passed: the next report is written
+    # Ten minutes on (the write's time moved back rather than the test made to wait): the
+    # refresh interval has passed, and the next report is written.
+    sched._written_at = {sid: (incarnation, at - 600)
+                         for sid, (incarnation, at) in sched._written_at.items()}
     publisher.publish(usage(info, 3_000, seq=3))
     assert sched.run_once().written == 1
     assert sqlite_store.get_session("s1").measured_seq == 3
