@@ -50,9 +50,11 @@ log = logging.getLogger(__name__)
 _PAIRS_PER_QUERY = 5000
 
 _s = sessions
-_LOCK_COLUMNS = (_s.c.id, _s.c.policy, _s.c.next_seq, _s.c.revision, _s.c.fold_revision,
-                 _s.c.measured_seq, _s.c.measured_revision, _s.c.system_tokens,
-                 _s.c.window_tokens, _s.c.calibration, _s.c.current_tokens)
+# The policy's ``measure`` alone, read in the database: parsing each row's whole policy was a
+# fifth of a batch's cost.
+_LOCK_COLUMNS = (_s.c.id, _s.c.policy["measure"].as_string().label("measure"), _s.c.next_seq,
+                 _s.c.revision, _s.c.fold_revision, _s.c.measured_seq, _s.c.measured_revision,
+                 _s.c.system_tokens, _s.c.window_tokens, _s.c.calibration, _s.c.current_tokens)
 _UPDATE = (
     _s.update().where(_s.c.id == sa.bindparam("b_id")).values(
         measured_tokens=sa.bindparam("b_measured"), measured_seq=sa.bindparam("b_seq"),
@@ -147,7 +149,7 @@ def apply_reports(conn: Connection, reports: Sequence[UsageReport], *, now: date
             problem = _refusal(row, report)
             if problem:
                 raise InvalidInputError(problem)
-            measure = (row.policy or {}).get("measure", "reported")
+            measure = row.measure or "reported"
             reported = (reported_prompt_tokens(report.usage, measure=measure)
                         if report.prompt_tokens is None
                         else measured_prompt_tokens(report.prompt_tokens, measure=measure))
