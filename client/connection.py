@@ -41,7 +41,7 @@ from sessionfold.workers.prices import summarizer_cost_usd
 from sessionfold.workers.redis_conn import EmbeddedRedis, RedisClient
 from sessionfold.workers.settings import Settings, env_name
 from sessionfold.workers.summarizer_guard import SummarizerGuard
-from sessionfold.workers.usagebus import FoldEvent, UsagePublisher
+from sessionfold.workers.usagebus import FoldEvent, NudgeEvent, UsagePublisher
 from sessionfold.workers.wiring import (
     RedisEndpoint,
     inline_redis_client,
@@ -138,6 +138,10 @@ class Client:
         else:
             if policy is not None and policy != info.policy:
                 self.store.set_policy(session_id, policy)
+                # Its scheduler trusts a session's trigger between reads: a nudge makes it
+                # read the new one now (and fold now if the new trigger is already passed).
+                if self.publisher is not None:
+                    self.publisher.publish(NudgeEvent(session_id, info.revision))
         if system is not None and system != info.system:
             raise InvalidInputError(
                 f"session {session_id!r} exists with another system prompt; a session's system "

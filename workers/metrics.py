@@ -209,8 +209,8 @@ class Metrics:
     def count_usage_events(self, result: str, n: int = 1) -> None:
         """Usage events read: ``accepted`` (newest for its session), ``superseded`` (an older
         position than one already seen), ``malformed``, ``unknown-session``, ``deferred`` (newest
-        too, but kept in Redis only: under the trigger, the session's size written to the store
-        less than ``scheduler_store_refresh_s`` ago)."""
+        too, but only its call time kept: under the trigger, the session's size written to the
+        store less than ``scheduler_store_refresh_s`` ago)."""
         if n:
             self.usage_events.labels(result).inc(n)
 

@@ -17,25 +17,42 @@ One batch, top to bottom (:meth:`Scheduler.run_once`):
 1. Read up to ``scheduler_batch_size`` usage events from the stream's consumer group (entries a
    dead scheduler left pending are reclaimed first; see :mod:`.usagebus`).
 2. Keep the newest event per session, by ``(revision, seq)``
-   (:func:`~sessionfold.core.tokens.supersedes`), and compare-and-set it into the session's
-   ``measured`` hash in Redis with a Lua script that mirrors that rule: an event older than the
-   one stored never overwrites it, however schedulers interleave (two may briefly read one
-   partition while its lease changes hands). One script call per partition: on Redis Cluster
-   a partition's keys share one hash slot, and a script may not touch keys of two slots.
+   (:func:`~sessionfold.core.tokens.supersedes`), and check it against the session's *gate*
+   (:class:`~sessionfold.store.results.SessionGate`: paused, trigger, size, incarnation; read
+   from the store in one query for a batch's sessions, see :meth:`Scheduler._gates_for`).
+   A report **deferred** (step 3) stops here: it only moves the session's last call time
+   forward (``ZADD GT``, one command per partition). Every other report is compare-and-set
+   into the session's ``measured`` hash in Redis with a Lua script that mirrors that rule: an
+   event older than the one stored never overwrites it, however schedulers interleave (two may
+   briefly read one partition while its lease changes hands). One script call per partition:
+   on Redis Cluster a partition's keys share one hash slot, and a script may not touch keys of
+   two slots.
 3. Write the accepted values to the store in one call (``record_usage_batch``); the store keeps
    its own copy monotonic too, and refuses reports built on a window a fold has replaced. A
-   session under its trigger whose size this scheduler wrote less than
-   ``scheduler_store_refresh_s`` ago (300 s by default) is not written again: its newest value
-   stays in Redis (step 2), its entry is acknowledged, and the store's copy, anchored at most
-   that long ago, is carried forward by the append path's estimate of what was appended since.
+   report of a session under its trigger whose size this scheduler wrote less than
+   ``scheduler_store_refresh_s`` ago (300 s by default), and not older than that write, is
+   deferred: its entry is acknowledged and its value goes nowhere, and the store's copy,
+   anchored at most that long ago, is carried forward by the append path's estimate of what
+   was appended since (an append that takes the session past its trigger nudges, see below).
    This is what lets one scheduler keep up with a fleet: standing agents report every few
-   seconds each, almost always under their trigger, and a store row write per report would be
-   the scheduler's whole cost. A report past the trigger is always written before the decision
-   (step 4 reads the store), and so is a session's first report after a scheduler starts or
-   takes its partition over. ``scheduler_store_refresh_s = 0`` writes every report.
-4. For each session whose report passes its policy's trigger (policy read from the store,
-   cached for ``scheduler_policy_cache_s``): take the session's fold lock, re-read the session
-   from the store and enqueue one job if it still needs one (:func:`skip_reason`).
+   seconds each, almost always under their trigger, and a store row write (or a Redis script
+   call) per report would be the scheduler's whole cost. A report past the trigger is always
+   written before the decision (step 4 reads the store), and so is a session's first report
+   after a scheduler starts or takes its partition over. ``scheduler_store_refresh_s = 0``
+   writes every report.
+
+   The gate is trusted as long as the write is: read again when the session's size is next
+   due in the store (or after ``scheduler_policy_cache_s``, whichever is later), so it is never
+   much older than ``scheduler_store_refresh_s``. A report older than the one written (the
+   first report of a session deleted and created again under the same id looks like that)
+   has its gate read again at once. Changes made through sessionfold (a policy changed by the
+   client, a pause or resume through the service) nudge the scheduler, which drops its gate;
+   a change made around it (``sessionfold pause`` on the command line, a direct database
+   update) is seen within ``scheduler_store_refresh_s``, or at the next sweep for a session
+   the store finds past its trigger. The fold decision itself never uses the gate (step 4).
+4. For each session whose report passes its trigger (by its gate): take the session's fold
+   lock, re-read the session from the store and enqueue one job if it still needs one
+   (:func:`skip_reason`).
 5. Acknowledge the entries. A failure before this point leaves them pending: they are reclaimed
    and acted on again, which is harmless (steps 2–4 are idempotent).
 
@@ -44,12 +61,13 @@ the scheduler that reads one counts it into its metrics (``folds_total{trigger="
 and acknowledges it at once, so each is counted by exactly one scheduler.
 
 It also carries nudges (:class:`~sessionfold.workers.usagebus.NudgeEvent`): an agent's append
-took a session past its trigger. After the batch's usage events, the scheduler takes each
-nudged session once (nudges are deduplicated per batch) through the same step 4 as a report
-past the trigger: the fold lock, one fresh read of the session from the store, and a job if
-:func:`skip_reason` finds none needed. A nudge changes nothing of the measured state (no
-compare-and-set, no store write): it only makes the scheduler look now rather than at the next
-usage report or sweep.
+took a session past its trigger, or its policy or pause changed. After the batch's usage
+events, the scheduler takes each nudged session once (nudges are deduplicated per batch)
+through the same step 4 as a report past the trigger: the fold lock, one fresh read of the
+session from the store, and a job if :func:`skip_reason` finds none needed. A nudge changes
+nothing of the measured state (no compare-and-set, no store write): it only makes the
+scheduler look now rather than at the next usage report or sweep, and drops the session's
+gate, which the next report reads again.
 
 When the scheduler is behind (a read comes back full) the store is the slow part: step 3 then
 waits, up to ``scheduler_store_flush_ms``, for the next batches, so each session's newest value
@@ -92,7 +110,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -194,7 +212,8 @@ class BatchStats:
     """What one :meth:`Scheduler.run_once` did."""
 
     events: int = 0
-    #: Sessions whose newest event in the batch was not older than their measured size.
+    #: Sessions whose newest event in the batch was taken: compare-and-set (not older than
+    #: their measured size) or deferred.
     accepted: int = 0
     #: Events older than another for their session (in the batch or in Redis).
     superseded: int = 0
@@ -202,9 +221,9 @@ class BatchStats:
     unknown: int = 0
     #: Measured sizes written to the store.
     written: int = 0
-    #: Accepted sizes of sessions under their trigger not written to the store, because this
-    #: scheduler wrote the session's size less than ``scheduler_store_refresh_s`` ago (the
-    #: value stays in Redis; see the module doc).
+    #: Reports of sessions under their trigger neither compare-and-set nor written to the
+    #: store, because this scheduler wrote the session's size less than
+    #: ``scheduler_store_refresh_s`` ago (see the module doc).
     deferred: int = 0
     #: Job ids enqueued, by session.
     enqueued: dict[str, str] = field(default_factory=dict)
@@ -286,8 +305,8 @@ class Scheduler:
         self._unwritten_since: float | None = None
         self._refresh_s = settings.scheduler_store_refresh_s
         #: session → (its incarnation, when (monotonic) this scheduler last wrote its measured
-        #: size to the store); the incarnation tells a session deleted and created again apart
-        self._written_at: dict[str, tuple[int, float]] = {}
+        #: size to the store, the report's position): see _fresh_in_store
+        self._written_at: dict[str, tuple[int, float, tuple[int, int]]] = {}
         #: session → its newest nudge read since the last batch (see _act_on_nudges)
         self._nudges: dict[str, NudgeEvent] = {}
 
@@ -352,45 +371,53 @@ class Scheduler:
                ) -> BatchStats:
         """Act on a batch of entries and acknowledge them (see the module doc)."""
         stats = stats or BatchStats()
+        now = time.monotonic()
         latest = _latest_per_session(entries)
-        gates = self._gates_for(latest)
-        known = [(e, gate) for sid, e in latest.items() if (gate := gates[sid]) is not None]
+        gates, fresh = self._gates_for(latest, now)
+        # A report of a session under its trigger, written lately by this scheduler and not
+        # waiting to be written, is deferred: it only moves the session's last call time
+        # (step 2 is for the reports that will reach the store).
+        deferred: list[StreamEntry] = []
+        known: list[tuple[StreamEntry, SessionGate]] = []
+        over: set[str] = set()
+        for sid, entry in latest.items():
+            gate = gates[sid]
+            if gate is None:
+                continue
+            if self._may_be_over(gate, entry.event):
+                over.add(sid)
+            elif sid in fresh and sid not in self._unwritten:
+                deferred.append(entry)
+                continue
+            known.append((entry, gate))
         accepted = self._compare_and_set(known)
+        self._note_calls(deferred)
         superseded = len(entries) - len(latest) + len(known) - len(accepted)
-        unknown = len(latest) - len(known)
+        unknown = len(latest) - len(known) - len(deferred)
         stats.events += len(entries)
-        stats.accepted += len(accepted)
+        stats.accepted += len(accepted) + len(deferred)
         stats.superseded += superseded
         stats.unknown += unknown
+        stats.deferred += len(deferred)
         self._metrics.count_usage_events("superseded", superseded)
         self._metrics.count_usage_events("unknown-session", unknown)
+        self._metrics.count_usage_events("accepted", len(accepted))
+        self._metrics.count_usage_events("deferred", len(deferred))
 
         # An accepted entry "carries" its session's value until the value is in the store;
-        # every other entry (older, unknown session, or carrying a value now replaced by a
-        # newer one) is done with and acknowledged now.
+        # every other entry (deferred, older, unknown session, or carrying a value now replaced
+        # by a newer one) is done with and acknowledged now.
         carriers = {id(e) for e in accepted}
         done = [e for e in entries if id(e) not in carriers]
         urgent: list[str] = []
-        now = time.monotonic()
-        deferred = 0
         for entry in accepted:
             sid = entry.event.session_id
-            gate = gates[sid]
-            over = gate is not None and self._may_be_over(gate, entry.event)
             replaced = self._unwritten.get(sid)
-            if not over and replaced is None and gate is not None and \
-                    self._fresh_in_store(gate, now):
-                done.append(entry)  # under its trigger, written lately: Redis holds it
-                deferred += 1
-                continue
             if replaced is not None and replaced.entry_id != entry.entry_id:
                 done.append(replaced)  # (the same id: our own entry reclaimed, still carrying)
             self._unwritten[sid] = entry
-            if over:
+            if sid in over:
                 urgent.append(sid)
-        stats.deferred += deferred
-        self._metrics.count_usage_events("accepted", len(accepted) - deferred)
-        self._metrics.count_usage_events("deferred", deferred)
         if self._unwritten_since is None and self._unwritten:
             self._unwritten_since = now
         self.consumer.ack(done)
@@ -418,12 +445,14 @@ class Scheduler:
             written = [self._unwritten.pop(sid) for sid in chunk]
             stats.written += len(written)
             failed: set[str] = set()
-            gates = self._gates_for([entry.event.session_id for entry in written])
+            now = time.monotonic()
+            gates, _ = self._gates_for(written, now)
             if self._refresh_s > 0:
-                now = time.monotonic()
-                for sid, gate in gates.items():
+                for entry in written:
+                    gate = gates[entry.event.session_id]
                     if gate is not None:
-                        self._written_at[sid] = (gate.incarnation, now)
+                        self._written_at[gate.id] = (gate.incarnation, now,
+                                                     entry.event.position)
             for entry in written:
                 ev = entry.event
                 gate = gates[ev.session_id]
@@ -436,12 +465,20 @@ class Scheduler:
             self._unwritten_since = None
         return len(sids)
 
-    def _fresh_in_store(self, gate: SessionGate, now: float) -> bool:
+    def _fresh_in_store(self, gate: SessionGate, now: float,
+                        position: tuple[int, int] | None = None) -> bool:
         """Did this scheduler write this session's measured size less than
-        ``scheduler_store_refresh_s`` ago (this incarnation of it)?"""
+        ``scheduler_store_refresh_s`` ago (this incarnation of it)? With ``position`` (a new
+        report's), also: is that report not older than the one written?
+
+        A report older than the written one is rare (reordered or redelivered), and it is what
+        the first report of a session deleted and created again under the same id looks like
+        (its revisions and seqs start over): such a report is not deferred, and the session's
+        gate is read again (``_gates_for``), which tells the new incarnation apart.
+        """
         held = self._written_at.get(gate.id)
         return held is not None and held[0] == gate.incarnation and \
-            now - held[1] < self._refresh_s
+            now - held[1] < self._refresh_s and (position is None or position >= held[2])
 
     def _flush_due(self, *, backlog: bool) -> bool:
         # Caught up (the read was not full): write now. Behind: let reports of sessions under
@@ -545,6 +582,9 @@ class Scheduler:
             if self.keys.partition_of(sid) not in owned:
                 continue  # read while the partition changed hands: its new owner sweeps it
             stats.nudged += 1
+            # A nudge may follow a policy change, a pause or a resume: the usage path's gate
+            # is read again at the session's next report, whatever happens below.
+            self._gates.pop(sid, None)
             # No fresh= here: _try_enqueue takes the fold lock first and then reads the
             # session, so a nudge of a session whose job is pending costs no store read.
             self._try_enqueue(sid, "nudge", stats)
@@ -591,6 +631,21 @@ class Scheduler:
         for keys, args in calls:
             self._cas(keys=keys, args=args, client=pipe)
         return list(pipe.execute())
+
+    def _note_calls(self, entries: Sequence[StreamEntry]) -> None:
+        """Move the last call time of deferred reports' sessions forward (``ZADD GT``, one
+        command per partition, pipelined): what the idle sweep reads. No compare-and-set: a
+        deferred report reaches neither the store nor the session's ``measured`` hash."""
+        if not entries:
+            return
+        calls: dict[int, dict[str, float]] = {}
+        for entry in entries:
+            calls.setdefault(entry.partition, {})[entry.event.session_id] = float(entry.event.time)
+        with mapped_errors("recording the sessions' last calls"):
+            pipe = self._client.pipeline(transaction=False)
+            for partition, mapping in calls.items():
+                pipe.zadd(self.keys.last_calls(partition), mapping, gt=True)
+            pipe.execute()
 
     def _may_be_over(self, info: SessionGate | SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
@@ -661,25 +716,45 @@ class Scheduler:
         self._infos[sid] = (time.monotonic(), info)
         return info
 
-    def _gates_for(self, sids: Iterable[str]) -> dict[str, SessionGate | None]:
-        """Each session's cached gate; the misses read in one store query (a batch of a
-        thousand cold sessions: one round trip, not a thousand)."""
-        now = time.monotonic()
+    def _gates_for(self, entries: Mapping[str, StreamEntry] | Sequence[StreamEntry],
+                   now: float) -> tuple[dict[str, SessionGate | None], set[str]]:
+        """The gate of each entry's session, the misses read in one store query (a batch of a
+        thousand cold sessions: one round trip, not a thousand), and the sessions of those
+        whose size this scheduler wrote to the store lately (:meth:`_fresh_in_store`, for the
+        entry's report). ``entries``: by session (a batch's newest), or a list (one each).
+
+        A cached gate serves for ``scheduler_policy_cache_s`` after it was read, and for as long
+        as this scheduler's last write of the session's size is fresh and the entry's report is
+        not older than that write's (``_fresh_in_store``): a session is read again when its size
+        is next due in the store, so a gate is never much older than
+        ``scheduler_store_refresh_s``. Policy changes, pauses and resumes made through
+        sessionfold nudge the scheduler, which drops the gate at once (``_act_on_nudges``).
+        """
         found: dict[str, SessionGate | None] = {}
-        missing: list[str] = []
-        for sid in sids:
+        fresh: set[str] = set()
+        missing: list[StreamEntry] = []
+        for entry in entries.values() if isinstance(entries, Mapping) else entries:
+            sid = entry.event.session_id
             hit = self._gates.get(sid)
-            if hit is not None and now - hit[0] <= self._cache_s:
+            if hit is None:
+                missing.append(entry)
+            elif hit[1] is not None and self._fresh_in_store(hit[1], now, entry.event.position):
+                found[sid] = hit[1]
+                fresh.add(sid)
+            elif now - hit[0] <= self._cache_s:
                 found[sid] = hit[1]
             else:
-                missing.append(sid)
+                missing.append(entry)
         if missing:
-            read = self.store.session_gates(missing)
+            read = self.store.session_gates([entry.event.session_id for entry in missing])
             now = time.monotonic()
-            for sid in missing:
+            for entry in missing:
+                sid = entry.event.session_id
                 gate = found[sid] = read.get(sid)
                 self._gates[sid] = (now, gate)
-        return found
+                if gate is not None and self._fresh_in_store(gate, now, entry.event.position):
+                    fresh.add(sid)
+        return found, fresh
 
     def _remember(self, info: SessionInfo) -> None:
         """A fresh read of the session: both caches take it."""
@@ -704,7 +779,9 @@ class Scheduler:
             self._infos = {k: v for k, v in self._infos.items() if now - v[0] <= self._cache_s}
         if len(self._gates) > max_entries:
             now = time.monotonic()
-            self._gates = {k: v for k, v in self._gates.items() if now - v[0] <= self._cache_s}
+            self._gates = {k: v for k, v in self._gates.items()
+                           if now - v[0] <= self._cache_s
+                           or (v[1] is not None and self._fresh_in_store(v[1], now))}
         if len(self._written_at) > max_entries:
             now = time.monotonic()
             self._written_at = {k: held for k, held in self._written_at.items()
@@ -718,7 +795,7 @@ def _latest_per_session(entries: Sequence[StreamEntry]) -> dict[str, StreamEntry
     for entry in entries:
         sid = entry.event.session_id
         held = latest.get(sid)
-        if supersedes(entry.event.position, None if held is None else held.event.position):
+        if held is None or supersedes(entry.event.position, held.event.position):
             latest[sid] = entry
     return latest
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from conftest import LiveApi
 from sessionfold.workers.keys import Keys
+from sessionfold.workers.usagebus import NudgeEvent
 
 POLICY = {"budget_tokens": 4000, "keep_recent_turns": 1}
 
@@ -160,12 +161,17 @@ def test_the_ledger_is_read_in_pages_by_seq(api: LiveApi) -> None:
     assert [e["seq"] for e in tail["entries"]] == [3, 4] and tail["next_start"] is None
 
 
-def test_pause_and_resume_are_reported_on_the_session(api: LiveApi) -> None:
+def test_pause_and_resume_are_reported_on_the_session_and_nudge_its_scheduler(
+        api: LiveApi, redis_conn: Any) -> None:
     http = api.http(api.key("acme"))
     make_session(http)
     assert http.post("/v1/sessions/agent-1/pause").json()["paused"] is True
     assert api.store.get_session("tenant:acme/agent-1").paused
     assert http.post("/v1/sessions/agent-1/resume").json()["paused"] is False
+    # Each one nudges the session's scheduler, which then reads the change at once.
+    stream = Keys.from_settings(api.settings).usage_stream_of("tenant:acme/agent-1")
+    nudges = [NudgeEvent.from_fields(fields) for _, fields in redis_conn.xrange(stream)]
+    assert [n.session_id for n in nudges] == ["tenant:acme/agent-1"] * 2
 
 
 @pytest.mark.parametrize("usage", [

@@ -5,7 +5,7 @@ measured."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from sessionfold.client import Client, SessionHandle, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.store.results import SessionInfo
+from sessionfold.store.results import SessionGate, SessionInfo
 from sessionfold.store.store import SessionStore
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.metrics import Metrics
@@ -45,10 +45,16 @@ class CountingStore(SessionStore):
     """The real store, counting the session reads the scheduler makes."""
 
     reads: list[str]
+    gate_reads: list[str]
 
     def get_session(self, sid: str) -> SessionInfo:
         self.reads.append(sid)
         return super().get_session(sid)
+
+    def session_gates(self, sids: Iterable[str]) -> dict[str, SessionGate]:
+        wanted = list(sids)
+        self.gate_reads += wanted
+        return super().session_gates(wanted)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -74,6 +80,7 @@ def client(settings: Settings) -> Iterator[Client]:
 def store(settings: Settings, client: Client) -> Iterator[CountingStore]:
     counting = CountingStore.from_url(settings.database_url)
     counting.reads = []
+    counting.gate_reads = []
     yield counting
     counting.close()
 
@@ -219,6 +226,48 @@ def test_a_nudge_of_a_session_under_its_trigger_enqueues_nothing(
     stats = scheduler.run_once()
     assert stats.nudged == 1 and stats.skipped == {SID: "under-trigger"}
     assert enqueue.jobs == []
+
+
+def test_a_resume_reaches_a_scheduler_that_trusts_its_gate_through_a_nudge(
+        client: Client, scheduler: Scheduler, store: CountingStore, enqueue: RecordingEnqueue,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    # The scheduler trusts a session's gate (paused, trigger…) while the session's size, which
+    # it wrote itself, is fresh in the store: the change must come to it as a nudge.
+    agent = agent_of(client)
+    client.store.set_paused(SID, True)
+    window = agent.window()
+    agent.report_usage({"input_tokens": 9_000}, seq=window.last_seq, revision=window.revision)
+    first = scheduler.run_once()  # past the trigger but paused: written, no job
+    assert (first.written, enqueue.jobs) == (1, [])
+    client.store.set_paused(SID, False)  # behind the scheduler's back: no nudge
+    agent.report_usage({"input_tokens": 9_100}, seq=window.last_seq, revision=window.revision)
+    stale = scheduler.run_once()
+    assert (stale.deferred, enqueue.jobs) == (1, [])  # judged by the gate it holds
+
+    publisher = UsagePublisher(redis_conn, Keys.from_settings(settings), maxlen=10_000)
+    publisher.publish(NudgeEvent(SID, window.revision))  # what the service's resume sends
+    nudged = scheduler.run_once()
+    assert nudged.nudged == 1 and [job[0] for job in enqueue.jobs] == [SID]
+
+    # Nudged again while the job is pending: the fold lock answers, and the gate is dropped
+    # all the same, so the next report is judged by the session as it is now.
+    publisher.publish(NudgeEvent(SID, window.revision))
+    assert scheduler.run_once().skipped == {SID: "job-pending"}
+    store.gate_reads.clear()
+    agent.report_usage({"input_tokens": 9_200}, seq=window.last_seq, revision=window.revision)
+    after = scheduler.run_once()
+    assert store.gate_reads == [SID] and after.deferred == 0 and after.written == 1
+
+
+def test_a_policy_changed_through_the_client_nudges_the_scheduler(
+        client: Client, redis_conn: redis.Redis, settings: Settings) -> None:
+    agent_of(client)
+    before = stream_fields(redis_conn, settings)
+    client.session(SID, policy=FoldPolicy(budget_tokens=20_000))
+    client.session(SID, policy=FoldPolicy(budget_tokens=20_000))  # unchanged: no nudge
+    added = stream_fields(redis_conn, settings)[len(before):]
+    assert [NudgeEvent.from_fields(f).session_id for f in added] == [SID]
+    assert client.store.get_session(SID).policy.budget_tokens == 20_000
 
 
 def test_a_nudge_round_trips_and_a_malformed_one_is_refused() -> None:

@@ -357,14 +357,20 @@ def test_under_its_trigger_a_session_is_written_once_per_refresh_interval(
     writes = CountingWrites.on(sqlite_store, monkeypatch)
     measured = Keys.from_settings(settings).measured("s1")
 
-    publisher.publish(usage(info, 2_000, seq=1))
+    now = time.time()
+    publisher.publish(usage(info, 2_000, seq=1, at=now - 20))
     first = sched.run_once()  # the first report this scheduler sees: written
-    publisher.publish(usage(info, 2_500, seq=2))
-    second = sched.run_once()  # under the trigger, written just now: Redis keeps it
+    publisher.publish(usage(info, 2_500, seq=2, at=now - 10))
+    second = sched.run_once()  # under the trigger, written just now: deferred
     assert (first.written, first.deferred, second.written, second.deferred) == (1, 0, 0, 1)
     assert writes.calls == [["s1"]]
     assert pending(redis_conn, settings) == 0  # acknowledged: nothing is redelivered
-    assert redis_conn.hmget(measured, "seq", "tokens") == [b"2", b"2500"]
+    # A deferred report moves only the session's last call time (the idle sweep's input);
+    # the measured hash keeps the written report, which the next write's compare-and-set
+    # is checked against.
+    assert redis_conn.hmget(measured, "seq", "tokens") == [b"1", b"2000"]
+    keys = Keys.from_settings(settings)
+    assert redis_conn.zscore(keys.last_calls(keys.partition_of("s1")), "s1") == now - 10
     assert sqlite_store.get_session("s1").measured_seq == 1
     assert registry.get_sample_value("sessionfold_usage_events_total",
                                      {"result": "deferred"}) == 1
@@ -373,8 +379,8 @@ def test_under_its_trigger_a_session_is_written_once_per_refresh_interval(
 
     # Ten minutes on (the write's time moved back rather than the test made to wait): the
     # refresh interval has passed, and the next report is written.
-    sched._written_at = {sid: (incarnation, at - 600)
-                         for sid, (incarnation, at) in sched._written_at.items()}
+    sched._written_at = {sid: (incarnation, at - 600, position)
+                         for sid, (incarnation, at, position) in sched._written_at.items()}
     publisher.publish(usage(info, 3_000, seq=3))
     assert sched.run_once().written == 1
     assert sqlite_store.get_session("s1").measured_seq == 3
