@@ -70,12 +70,13 @@ def _timed(totals: dict[str, float], name: str, fn: Callable[..., Any]) -> Calla
     return wrapper
 
 
-def _prefill(client: Any, keys: Keys, sessions: list[tuple[str, int, int]], events: int) -> None:
+def _prefill(client: Any, keys: Keys, sessions: list[tuple[str, int, int]], events: int,
+             *, first_round: int = 0) -> None:
     pipe = client.pipeline(transaction=False)
     now = time.time()
     for i in range(events):
         sid, last_seq, revision = sessions[i % len(sessions)]
-        round_ = i // len(sessions)
+        round_ = first_round + i // len(sessions)
         ev = UsageEvent(session_id=sid, seq=min(round_, last_seq), revision=revision,
                         input_tokens=1000 + round_, output_tokens=50, model="bench",
                         time=now)
@@ -93,7 +94,7 @@ def _setup(args: argparse.Namespace, workdir: Path) -> tuple[str, list[tuple[str
     store.migrate()
     sessions: list[tuple[str, int, int]] = []
     # Enough messages that every event of a session names a new seq, as real calls do.
-    per_session = -(-args.events // args.sessions)
+    per_session = -(-args.events // args.sessions) + 1  # (+1: a warm-up round)
     turns = [{"role": "user", "content": "check the queue depth"},
              {"role": "assistant", "content": "the queue depth is 12, nothing to do"}
              ] * max(4, per_session // 2 + 1)
@@ -127,8 +128,49 @@ def _scheduler(settings: Settings, store: SessionStore, client: Any, name: str,
                           lambda sid, epoch, trigger, token: enqueued.append(sid) or "job",
                           consumer_name=name, metrics_=Metrics(CollectorRegistry()))
     if args.warm_cache:  # the policy cache as a long-running scheduler has it
-        scheduler._gates_for([sid for sid, _, _ in sessions])
+        now = time.monotonic()
+        for sid, gate in store.session_gates([sid for sid, _, _ in sessions]).items():
+            scheduler._gates[sid] = (now, gate)
     return scheduler
+
+
+def _due_fraction(args: argparse.Namespace) -> float:
+    """The share of sessions whose store refresh falls due during the timed run, so that one
+    report in ``refresh_s / call_interval_s`` is written, as in a fleet at that call rate."""
+    if not args.call_interval_s:
+        return 0.0
+    return min(1.0, args.events * args.call_interval_s / (args.refresh_s * args.sessions))
+
+
+def _settle(scheduler: Scheduler, args: argparse.Namespace) -> int:
+    """Steady state (``--call-interval-s``): after the warm-up round each session this scheduler
+    owns was written once and its gate read; move the writes of a share of them (evenly spread,
+    :func:`_due_fraction`) back past the refresh interval, as time would have. Returns how many
+    were made due."""
+    fraction = _due_fraction(args)
+    if not fraction:
+        return 0
+    written = sorted(scheduler._written_at)
+    due = round(len(written) * fraction)
+    step = len(written) / due if due else 0
+    for k in range(due):
+        sid = written[int(k * step)]
+        held = scheduler._written_at[sid]  # (incarnation, when written, …)
+        scheduler._written_at[sid] = (held[0], held[1] - args.refresh_s, *held[2:])
+    return due
+
+
+def _drain(scheduler: Scheduler, events: int, counter: Any = None) -> None:
+    """Run batches until ``events`` were read (by the processes together, with ``counter``),
+    then write out what waits."""
+    seen = 0
+    while (counter.value if counter is not None else seen) < events:
+        got = scheduler.run_once().events
+        seen += got
+        if counter is not None and got:
+            with counter.get_lock():
+                counter.value += got
+    scheduler.flush()
 
 
 def _redis_cpu_s(client: Any) -> float | None:
@@ -152,10 +194,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     keys = Keys.from_settings(settings)
     client = redis_client(redis_url)
     store = SessionStore.from_url(db_url)
-    _prefill(client, keys, sessions, args.events)
     enqueued: list[str] = []
     scheduler = _scheduler(settings, store, client, "bench", enqueued, args, sessions)
     scheduler.sweep()  # the periodic sweep is not part of ingestion: run it before timing
+    made_due = 0
+    if args.call_interval_s:  # a warm-up round, one report a session, not timed
+        _prefill(client, keys, sessions, len(sessions))
+        _drain(scheduler, len(sessions))
+        made_due = _settle(scheduler, args)
+    _prefill(client, keys, sessions, args.events, first_round=1)
     freeze_startup_objects()  # as `sessionfold scheduler` does before its loop
     totals: dict[str, float] = {}
     consumer = scheduler.consumer
@@ -169,6 +216,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store.session_gates = _timed(  # type: ignore[method-assign]
         totals, "store read (policy cache misses)", store.session_gates)
     consumer.ack = _timed(totals, "redis ack", consumer.ack)  # type: ignore[method-assign]
+    if hasattr(scheduler, "_note_calls"):  # (absent before deferred reports skipped step 2)
+        scheduler._note_calls = _timed(  # type: ignore[method-assign]
+            totals, "redis last calls (deferred reports)", scheduler._note_calls)
 
     ingested = batches = accepted = deferred = 0
     profiler = cProfile.Profile(time.process_time) if args.profile else None
@@ -201,6 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "events": ingested, "sessions": args.sessions, "batch size": args.batch_size,
         "flush ms": args.flush_ms, "partitions": args.partitions,
         "refresh s": args.refresh_s, "policy cache s": args.policy_cache_s,
+        "call interval s": args.call_interval_s, "made due": made_due,
         "deferred": deferred,
         "batches": batches, "store rows written": accepted, "unacked left": left,
         "jobs enqueued": len(enqueued), "seconds": elapsed,
@@ -233,7 +284,7 @@ def _cleanup(client: Any, keys: Keys) -> None:
 
 
 def _child(args: argparse.Namespace, settings: Settings, index: int, processes: int,
-           sessions: list[tuple[str, int, int]], barrier: Any, counter: Any,
+           sessions: list[tuple[str, int, int]], barrier: Any, counter: Any, warm: Any,
            results: Any) -> None:
     """One scheduler process: join, take its share of the partitions, ingest until the
     processes together have read every event, write out what waits."""
@@ -244,6 +295,11 @@ def _child(args: argparse.Namespace, settings: Settings, index: int, processes: 
     for _ in range(3):  # everyone joins, surplus is handed over, then taken: a settled split
         barrier.wait()
         scheduler.rebalance()
+    if args.call_interval_s:  # the warm-up round (see run()); the parent then adds the events
+        _drain(scheduler, len(sessions), warm)
+        _settle(scheduler, args)
+        barrier.wait()
+        barrier.wait()
     freeze_startup_objects()
     barrier.wait()
     cpu, start, events = time.process_time(), time.perf_counter(), 0
@@ -269,15 +325,25 @@ def run_processes(args: argparse.Namespace, processes: int, workdir: Path, db_ur
     settings = _settings(args, redis_url, db_url, prefix, workdir)
     keys = Keys.from_settings(settings)
     client = redis_client(redis_url)
-    _prefill(client, keys, sessions, args.events)
+    warming = bool(args.call_interval_s)
+    _prefill(client, keys, sessions, len(sessions) if warming else args.events)
     ctx = multiprocessing.get_context("fork")
-    barrier, counter, results = ctx.Barrier(processes), ctx.Value("q", 0), ctx.Queue()
+    # With a warm-up the parent takes part in two barriers: it adds the timed events between.
+    barrier = ctx.Barrier(processes + 1) if warming else ctx.Barrier(processes)
+    counter, warm, results = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Queue()
     children = [ctx.Process(target=_child, args=(args, settings, i, processes, sessions,
-                                                 barrier, counter, results))
+                                                 barrier, counter, warm, results))
                 for i in range(processes)]
-    redis_cpu = _redis_cpu_s(client)
     for child in children:
         child.start()
+    if warming:
+        for _ in range(3):
+            barrier.wait()  # (the children's joining rounds)
+        barrier.wait()  # the warm-up drained and settled
+        _prefill(client, keys, sessions, args.events, first_round=1)
+        barrier.wait()
+        barrier.wait()  # (timing starts)
+    redis_cpu = _redis_cpu_s(client)
     reports = [results.get(timeout=1800) for _ in children]
     for child in children:
         child.join()
@@ -313,7 +379,10 @@ def report(result: dict[str, Any]) -> str:
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; store: {result['store']}; reply parser: "
         f"{result['parser']}; {result['partitions']} partitions; store refresh "
-        f"{result['refresh s']:g} s, policy cache {result['policy cache s']:g} s.",
+        f"{result['refresh s']:g} s, policy cache {result['policy cache s']:g} s"
+        + ("." if not result["call interval s"] else
+           f"; steady state at one call per {result['call interval s']:g} s a session "
+           f"(after a warm-up round, {result['made due']:,} sessions' refresh made due)."),
         "",
         "| events | sessions | batch | flush ms | batches | store rows | deferred | seconds "
         "| events/s | events per scheduler CPU-s | Redis CPU-s |",
@@ -344,7 +413,12 @@ def report_processes(runs: list[dict[str, Any]], args: argparse.Namespace) -> st
         f"{args.events:,} events over {args.sessions:,} sessions, {args.partitions} partitions, "
         f"batches of {args.batch_size:,}; {os.cpu_count()} CPUs shared by the schedulers, the "
         "Redis server and the store. Wall time from the first process starting to read to the "
-        "last one done; CPU is the schedulers' own (user + system).",
+        "last one done; CPU is the schedulers' own (user + system)."
+        + ("" if not args.call_interval_s else
+           f" Steady state at one call per {args.call_interval_s:g} s a session (store refresh "
+           f"{args.refresh_s:g} s, policy cache {args.policy_cache_s:g} s): each scheduler "
+           "drained a warm-up round, then had the refresh of a share of its sessions made "
+           "due."),
         "",
         "| processes | seconds | events/s | × one process | events per scheduler CPU-s "
         "| Redis CPU-s | unacked left |",
@@ -379,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
                              "info for the run; the service default is 5)")
     parser.add_argument("--flush-ms", type=int, default=Settings().scheduler_store_flush_ms,
                         help="scheduler_store_flush_ms (0: write the store every batch)")
+    parser.add_argument("--call-interval-s", type=float, default=None,
+                        help="steady state of a fleet calling every this many seconds: a "
+                             "warm-up round (one report a session, not timed), then the writes "
+                             "of a share of the sessions moved back past the refresh interval "
+                             "so that one report in refresh/interval is written")
     parser.add_argument("--quick", action="store_true", help="20,000 events: a smoke run")
     parser.add_argument("--warm-cache", action="store_true",
                         help="read every session's policy before timing (a running scheduler)")
@@ -395,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.events = min(args.events, 20_000)
+    if args.call_interval_s is not None and (args.call_interval_s <= 0 or args.refresh_s <= 0):
+        parser.error("--call-interval-s needs a positive interval and --refresh-s > 0")
     if args.processes:
         counts = [int(n) for n in args.processes.split(",")]
         with tempfile.TemporaryDirectory(prefix="sf-bench-sched-") as tmp:

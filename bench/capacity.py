@@ -20,8 +20,9 @@ What it reads, and from which benchmark:
   procedure alone is about two thirds of it);
 - usage events per second per scheduler process, and with 2 and 4 processes, as a fleet in
   steady state sends them (``bench/bench_scheduler.py --processes 1,2,4 --sessions 20000
-  --events 100000 --policy-cache-s 0 --json bench/out/scheduler.json``: about one event per
-  session per read, no session's gate still cached from its last report);
+  --events 100000 --policy-cache-s 0 --call-interval-s 30 --json bench/out/scheduler.json``:
+  about one event per session per read, a store write due for one report in ten, no gate
+  kept by the policy cache alone);
 - Redis bytes per session and per stream entry (``bench/bench_pipeline.py --json
   bench/out/pipeline.json``);
 - folds per model call, summarizer calls per fold and summarizer tokens per call (B1,
@@ -231,10 +232,12 @@ def _pg_footprint(data: Any) -> dict[str, Any]:
 
 
 #: A fleet in steady state: about one event per session per read (20,000 sessions over 16
-#: partitions), every session's cached gate expired between its reports (a policy cache of 0:
-#: agents calling every 30 s outlive the 5 s default), the store refresh at its default.
+#: partitions), agents calling every 30 s (a warm-up round first; one report in ten finds its
+#: session's store refresh due, at the default 300 s), no gate kept by the policy cache alone
+#: (0 s: agents calling every 30 s outlive the 5 s default).
 SCHEDULER_COMMAND = ("bench/bench_scheduler.py --processes 1,2,4 --sessions 20000 --events "
-                     "100000 --policy-cache-s 0 --json bench/out/scheduler.json")
+                     "100000 --policy-cache-s 0 --call-interval-s 30 "
+                     "--json bench/out/scheduler.json")
 
 
 def _scheduler_source(data: Any) -> str:
@@ -243,8 +246,10 @@ def _scheduler_source(data: Any) -> str:
         return "bench/bench_scheduler.py --processes 1,2,4 (events/s, all processes together)"
     return (f"bench/bench_scheduler.py --processes {args.get('processes')}: "
             f"{args.get('events', 0):,} events over {args.get('sessions', 0):,} sessions "
-            f"(about one event per session per read, a fleet in steady state), policy cache "
-            f"{args.get('policy_cache_s', 3600):g} s, store refresh "
+            f"(about one event per session per read"
+            + (f", steady state at one call per {args['call_interval_s']:g} s a session"
+               if args.get("call_interval_s") else "")
+            + f"), policy cache {args.get('policy_cache_s', 3600):g} s, store refresh "
             f"{args.get('refresh_s', 0):g} s; events/s, all processes together")
 
 
