@@ -34,7 +34,7 @@ from sessionfold.core.errors import (
 )
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import Summarizer
-from sessionfold.store import SessionStore
+from sessionfold.store import SessionInfo, SessionStore
 from sessionfold.workers.fold_procedure import FoldJob, FoldReport, run_fold
 from sessionfold.workers.metrics import VisitCounts
 from sessionfold.workers.prices import summarizer_cost_usd
@@ -138,15 +138,32 @@ class Client:
         else:
             if policy is not None and policy != info.policy:
                 self.store.set_policy(session_id, policy)
-                # Its scheduler trusts a session's trigger between reads: a nudge makes it
-                # read the new one now (and fold now if the new trigger is already passed).
-                if self.publisher is not None:
-                    self.publisher.publish(NudgeEvent(session_id, info.revision))
+                self.nudge(session_id, info.revision)  # the scheduler reads the new trigger
         if system is not None and system != info.system:
             raise InvalidInputError(
                 f"session {session_id!r} exists with another system prompt; a session's system "
                 "prompt is fixed when it is created")
         return SessionHandle(self, session_id, over_budget=over_budget)
+
+    def set_paused(self, session_id: str, paused: bool) -> SessionInfo:
+        """Pause (or resume) background folds of a session; its scheduler is nudged, so a
+        resumed session past its trigger gets its fold now. Returns the session as it is."""
+        self.store.set_paused(session_id, paused)
+        info = self.store.get_session(session_id)
+        self.nudge(session_id, info.revision)
+        return info
+
+    def nudge(self, session_id: str, revision: int) -> bool:
+        """Tell the session's scheduler to read it from the store now (its trigger was passed,
+        or its policy or pause changed: the scheduler trusts what it read between reads).
+        True if the nudge reached Redis; never raises (no publisher: False)."""
+        if self.publisher is None:
+            return False
+        try:
+            return self.publisher.publish(NudgeEvent(session_id, revision))
+        except Exception:  # the publisher never raises; belt and braces for the agent's sake
+            log.warning("nudge for %s failed", session_id, exc_info=True)
+            return False
 
     def run_inline_fold(self, job: FoldJob) -> FoldReport:
         """Run ``job`` now, on this thread, through the workers' fold procedure, with the

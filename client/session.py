@@ -77,7 +77,7 @@ from sessionfold.store import AppendResult, LedgerEntry, SessionInfo, SessionSto
 from sessionfold.workers.fold_procedure import FoldJob, FoldReport
 from sessionfold.workers.metrics import metrics
 from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import NudgeEvent, UsageEvent, UsagePublisher
+from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 from .recall import (
     RecallAnswer,
@@ -141,6 +141,10 @@ class Connection(Protocol):
     def run_inline_fold(self, job: FoldJob) -> FoldReport:
         """Run ``job`` on this thread through the fold procedure, with the client's summarizer
         and its guards, and count it."""
+        ...
+
+    def nudge(self, session_id: str, revision: int) -> bool:
+        """Tell the session's scheduler to read it from the store now; never raises."""
         ...
 
 
@@ -294,14 +298,10 @@ class SessionHandle:
     def _nudge_if_crossed(self, result: AppendResult) -> AppendResult:
         """Nudge the scheduler when the append took the session past its trigger (see the
         module doc): it re-reads the session from the store now. Never raises."""
-        publisher = self.client.publisher
-        if not result.crossed_trigger or publisher is None:
+        if not result.crossed_trigger or self.client.publisher is None:
             return result
-        try:
-            publisher.publish(NudgeEvent(self.session_id, result.revision))
-            self.nudges += 1
-        except Exception:  # the publisher never raises; belt and braces for the agent's sake
-            log.warning("nudge for %s failed", self.session_id, exc_info=True)
+        self.client.nudge(self.session_id, result.revision)
+        self.nudges += 1
         return result
 
     @property

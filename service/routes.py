@@ -32,7 +32,7 @@ from sessionfold.core.errors import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import AppendResult
 from sessionfold.workers.metrics import metrics
-from sessionfold.workers.usagebus import NudgeEvent, UsageEvent
+from sessionfold.workers.usagebus import UsageEvent
 
 from .encoded import EncodedWindow
 from .errors import ApiError
@@ -146,14 +146,7 @@ def resume(session_id: SessionId, caller: Caller, state: State) -> Any:
 
 
 def _set_paused(state: State, sid: str, paused: bool) -> SessionOut:
-    state.store.set_paused(sid, paused)
-    info = state.store.get_session(sid)
-    # The session's scheduler trusts what it read of it between reads: a nudge makes it
-    # read the change now (a resumed session past its trigger gets its fold at once).
-    publisher = state.client.publisher
-    if publisher is not None:
-        publisher.publish(NudgeEvent(sid, info.revision))  # never raises
-    return SessionOut.of(info)
+    return SessionOut.of(state.client.set_paused(sid, paused))  # (nudges the scheduler)
 
 
 # --- messages, window, usage ---------------------------------------------------------------

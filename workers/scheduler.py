@@ -110,7 +110,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -373,7 +373,7 @@ class Scheduler:
         stats = stats or BatchStats()
         now = time.monotonic()
         latest = _latest_per_session(entries)
-        gates, fresh = self._gates_for(latest, now)
+        gates, fresh = self._gates_for(latest.values(), now)
         # A report of a session under its trigger, written lately by this scheduler and not
         # waiting to be written, is deferred: it only moves the session's last call time
         # (step 2 is for the reports that will reach the store).
@@ -716,12 +716,12 @@ class Scheduler:
         self._infos[sid] = (time.monotonic(), info)
         return info
 
-    def _gates_for(self, entries: Mapping[str, StreamEntry] | Sequence[StreamEntry],
+    def _gates_for(self, entries: Iterable[StreamEntry],
                    now: float) -> tuple[dict[str, SessionGate | None], set[str]]:
         """The gate of each entry's session, the misses read in one store query (a batch of a
         thousand cold sessions: one round trip, not a thousand), and the sessions of those
         whose size this scheduler wrote to the store lately (:meth:`_fresh_in_store`, for the
-        entry's report). ``entries``: by session (a batch's newest), or a list (one each).
+        entry's report). ``entries``: one per session.
 
         A cached gate serves for ``scheduler_policy_cache_s`` after it was read, and for as long
         as this scheduler's last write of the session's size is fresh and the entry's report is
@@ -733,7 +733,7 @@ class Scheduler:
         found: dict[str, SessionGate | None] = {}
         fresh: set[str] = set()
         missing: list[StreamEntry] = []
-        for entry in entries.values() if isinstance(entries, Mapping) else entries:
+        for entry in entries:
             sid = entry.event.session_id
             hit = self._gates.get(sid)
             if hit is None:

@@ -244,14 +244,13 @@ def test_a_resume_reaches_a_scheduler_that_trusts_its_gate_through_a_nudge(
     stale = scheduler.run_once()
     assert (stale.deferred, enqueue.jobs) == (1, [])  # judged by the gate it holds
 
-    publisher = UsagePublisher(redis_conn, Keys.from_settings(settings), maxlen=10_000)
-    publisher.publish(NudgeEvent(SID, window.revision))  # what the service's resume sends
+    client.set_paused(SID, False)  # through sessionfold (the service's resume): a nudge
     nudged = scheduler.run_once()
     assert nudged.nudged == 1 and [job[0] for job in enqueue.jobs] == [SID]
 
     # Nudged again while the job is pending: the fold lock answers, and the gate is dropped
     # all the same, so the next report is judged by the session as it is now.
-    publisher.publish(NudgeEvent(SID, window.revision))
+    assert client.nudge(SID, window.revision)
     assert scheduler.run_once().skipped == {SID: "job-pending"}
     store.gate_reads.clear()
     agent.report_usage({"input_tokens": 9_200}, seq=window.last_seq, revision=window.revision)
