@@ -124,6 +124,11 @@ def _scheduler(settings: Settings, store: SessionStore, client: Any, name: str,
                sessions: list[tuple[str, int, int]]) -> Scheduler:
     if args.no_store:
         store.record_usage_batch = lambda reports: len(reports)  # type: ignore[method-assign]
+        if hasattr(store, "apply_usage_batch"):  # (absent before the write handed back gates)
+            from sessionfold.store.results import UsageBatch
+            known = store.session_gates([sid for sid, _, _ in sessions])
+            store.apply_usage_batch = lambda reports: UsageBatch(  # type: ignore[method-assign]
+                len(reports), {r.session_id: known[r.session_id] for r in reports})
     scheduler = Scheduler(settings, store, client,
                           lambda sid, epoch, trigger, token: enqueued.append(sid) or "job",
                           consumer_name=name, metrics_=Metrics(CollectorRegistry()))
@@ -209,8 +214,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     consumer._read_new = _timed(totals, "redis read", consumer._read_new)  # type: ignore[method-assign]
     scheduler._compare_and_set = _timed(  # type: ignore[method-assign]
         totals, "redis compare-and-set", scheduler._compare_and_set)
-    store.record_usage_batch = _timed(  # type: ignore[method-assign]
-        totals, "store write (record_usage_batch)", store.record_usage_batch)
+    write = "apply_usage_batch" if hasattr(store, "apply_usage_batch") else "record_usage_batch"
+    setattr(store, write, _timed(totals, "store write (usage batch)", getattr(store, write)))
     store.get_session = _timed(  # type: ignore[method-assign]
         totals, "store read (policy cache misses)", store.get_session)
     store.session_gates = _timed(  # type: ignore[method-assign]

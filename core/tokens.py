@@ -316,30 +316,55 @@ class Calibration(BaseModel):
 
     def observe(self, estimate: int | float, reported: int | float) -> Calibration:
         """A new calibration including one sample; the old one if the sample is unusable."""
-        x, y = float(estimate), float(reported)
-        if not (0 < x <= self.SAMPLE_MAX and 0 < y <= self.SAMPLE_MAX):  # also rejects NaN
+        fitted = _fit(self.a, self.samples, self.mean_x, self.mean_y, self.var_x, self.cov_xy,
+                      estimate, reported)
+        if fitted is None:
             return self
-        if self.samples == 0:
-            a = min(max(y / x, self.A_MIN), self.A_MAX)
-            return self.model_copy(update={
-                "a": a, "b": 0.0, "samples": 1, "mean_x": x, "mean_y": y,
-                "var_x": 0.0, "cov_xy": 0.0,
-            })
-        w = self.ALPHA
-        dx, dy = x - self.mean_x, y - self.mean_y
-        mean_x = self.mean_x + w * dx
-        mean_y = self.mean_y + w * dy
-        var_x = (1 - w) * (self.var_x + w * dx * dx)
-        cov_xy = (1 - w) * (self.cov_xy + w * dx * dy)
-        # Enough spread (relative) to trust a slope? Otherwise keep a and move b.
-        a = cov_xy / var_x if var_x > (0.05 * mean_x) ** 2 else self.a
-        a = min(max(a, self.A_MIN), self.A_MAX)
-        b = min(max(mean_y - a * mean_x, self.B_MIN), self.B_MAX)
-        return self.model_copy(update={
-            "a": a, "b": b, "samples": self.samples + 1, "mean_x": mean_x, "mean_y": mean_y,
-            "var_x": var_x, "cov_xy": cov_xy,
-        })
+        return self.model_copy(update=dict(zip(_MOMENTS, fitted, strict=True)))
+
+    @classmethod
+    def observe_json(cls, stored: Any, estimate: int | float,
+                     reported: int | float) -> dict[str, float | int]:
+        """``Calibration.model_validate(stored).observe(estimate, reported).to_json()``, on the
+        stored form directly: what a batch of usage reports does for every row it writes,
+        without building two models a row. A stored value not in :meth:`to_json`'s exact
+        form (a missing field, an int where a float belongs) goes through the models."""
+        if type(stored) is not dict or len(stored) != len(_MOMENTS) or \
+                any(type(stored.get(k)) is not t for k, t in _MOMENT_TYPES):
+            return cls.model_validate(stored).observe(estimate, reported).to_json()
+        fitted = _fit(stored["a"], stored["samples"], stored["mean_x"], stored["mean_y"],
+                      stored["var_x"], stored["cov_xy"], estimate, reported)
+        return dict(stored) if fitted is None else dict(zip(_MOMENTS, fitted, strict=True))
 
     def to_json(self) -> dict[str, float | int]:
         return self.model_dump(mode="json")
+
+
+#: Calibration's fields in the order :func:`_fit` returns them, with their stored types.
+_MOMENTS = ("a", "b", "samples", "mean_x", "mean_y", "var_x", "cov_xy")
+_MOMENT_TYPES = tuple((name, int if name == "samples" else float) for name in _MOMENTS)
+
+
+def _fit(a0: float, samples: int, mean_x0: float, mean_y0: float, var_x0: float,
+         cov_xy0: float, estimate: int | float, reported: int | float
+         ) -> tuple[float, float, int, float, float, float, float] | None:
+    """One sample into :class:`Calibration`'s line (the fields in :data:`_MOMENTS`' order), or
+    None when the sample is unusable (zero, negative, non-finite or implausibly large)."""
+    c = Calibration
+    x, y = float(estimate), float(reported)
+    if not (0 < x <= c.SAMPLE_MAX and 0 < y <= c.SAMPLE_MAX):  # also rejects NaN
+        return None
+    if samples == 0:
+        return (min(max(y / x, c.A_MIN), c.A_MAX), 0.0, 1, x, y, 0.0, 0.0)
+    w = c.ALPHA
+    dx, dy = x - mean_x0, y - mean_y0
+    mean_x = mean_x0 + w * dx
+    mean_y = mean_y0 + w * dy
+    var_x = (1 - w) * (var_x0 + w * dx * dx)
+    cov_xy = (1 - w) * (cov_xy0 + w * dx * dy)
+    # Enough spread (relative) to trust a slope? Otherwise keep a and move b.
+    a = cov_xy / var_x if var_x > (0.05 * mean_x) ** 2 else a0
+    a = min(max(a, c.A_MIN), c.A_MAX)
+    b = min(max(mean_y - a * mean_x, c.B_MIN), c.B_MAX)
+    return (a, b, samples + 1, mean_x, mean_y, var_x, cov_xy)
 

@@ -41,6 +41,7 @@ __all__ = [
     "create_store_engine",
     "default_sqlite_url",
     "is_sqlite",
+    "json_dumps",
     "normalize_url",
 ]
 
@@ -94,7 +95,7 @@ def is_sqlite(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def _json_dumps(value: Any) -> str:
+def json_dumps(value: Any) -> str:
     # Compact separators: the ledger holds every message ever appended.
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -113,7 +114,7 @@ def create_store_engine(url: str | URL, *, echo: bool = False, pool_size: int = 
     common: dict[str, Any] = {
         "echo": echo,
         "hide_parameters": True,
-        "json_serializer": _json_dumps,
+        "json_serializer": json_dumps,
         "json_deserializer": decode_json,
     }
     if parsed.get_backend_name() == "sqlite":

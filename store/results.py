@@ -29,6 +29,7 @@ __all__ = [
     "SessionInfo",
     "StoredRecord",
     "StoredSpan",
+    "UsageBatch",
     "UsageReport",
     "UsageResult",
     "Window",
@@ -144,6 +145,16 @@ class UsageReport:
     revision: int
     model: str | None = None
     prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageBatch:
+    """What :meth:`SessionStore.apply_usage_batch
+    <sessionfold.store.store.SessionStore.apply_usage_batch>` did: how many reports were taken,
+    and the gate of every named session that exists, as the write left it."""
+
+    taken: int
+    gates: Mapping[str, SessionGate]
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,9 +86,15 @@ def current_tokens(*, measured_tokens: int | None, pending_tokens: int, system_t
     calibrated estimate of the whole request.
     """
     if measured_tokens is not None:
-        slope = calibration.a if calibration.samples else 1.0
-        return measured_tokens + round(slope * pending_tokens)
+        return measured_current_tokens(measured_tokens, pending_tokens, calibration.a,
+                                       calibration.samples)
     return calibration.predict(system_tokens + window_tokens)
+
+
+def measured_current_tokens(measured_tokens: int, pending_tokens: int, slope: float,
+                            samples: int) -> int:
+    """:func:`current_tokens` after a report, from the calibration's slope and sample count."""
+    return measured_tokens + round((slope if samples else 1.0) * pending_tokens)
 
 
 def _not_found(sid: str) -> SessionNotFoundError:

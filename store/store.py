@@ -69,6 +69,7 @@ from .results import (
     SessionInfo,
     StoredRecord,
     StoredSpan,
+    UsageBatch,
     UsageReport,
     UsageResult,
     Window,
@@ -391,12 +392,23 @@ class SessionStore:
         Reports naming a deleted session, an impossible seq or revision, or zero usage are
         skipped (logged), not raised: the batch's other sessions still count.
         """
+        return self.apply_usage_batch(reports).taken
+
+    def apply_usage_batch(self, reports: Sequence[UsageReport]) -> UsageBatch:
+        """:meth:`record_usage_batch`, also handing back the :class:`SessionGate` of every
+        session the reports name that exists, as the write left it (its new size when its
+        report was taken): what a scheduler checks the next reports against, without reading
+        the rows a second time. A session missing from ``gates`` does not exist (or its id is
+        not one a session could have).
+        """
         latest = usage.latest_per_session(reports)
         if not latest:
-            return 0
+            return UsageBatch(0, {})
+        gates: dict[str, SessionGate] = {}
         with self._db.write() as conn:
-            results = usage.apply_reports(conn, latest, now=self._db.now(), strict=False)
-        return sum(r.accepted for r in results.values())
+            results = usage.apply_reports(conn, latest, now=self._db.now(), strict=False,
+                                          gates=gates)
+        return UsageBatch(sum(r.accepted for r in results.values()), gates)
 
     # --- folds -----------------------------------------------------------------------------
 

@@ -17,13 +17,17 @@ up to the clipping of items appended since).
 Batches (the scheduler writes one per stream read) take three round trips whatever their size:
 one ``SELECT … FOR NO KEY UPDATE`` of the sessions' rows in id order (two batches lock in the same
 order, so they cannot deadlock), one aggregate of the window tokens after each report's seq,
-and one ``executemany`` of the updates. A single report is a batch of one.
+and one ``executemany`` of the updates (the driver's own, with the values bound as SQLAlchemy would
+bind them: its per-row parameter processing was most of the statement's cost). The rows' gates
+(:class:`~.results.SessionGate`) come back from the same ``SELECT``, so a scheduler decides on
+what it just wrote without reading it again. A single report is a batch of one.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,11 +40,12 @@ from sessionfold.core.tokens import (
     reported_prompt_tokens,
     supersedes,
 )
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection, Dialect, Row
 
-from .results import UsageReport, UsageResult
+from .engine import json_dumps
+from .results import SessionGate, UsageReport, UsageResult
 from .schema import sessions, window_items
-from .sessions import current_tokens
+from .sessions import measured_current_tokens
 
 __all__ = ["apply_reports", "latest_per_session", "tokens_after"]
 
@@ -54,7 +59,9 @@ _s = sessions
 # fifth of a batch's cost.
 _LOCK_COLUMNS = (_s.c.id, _s.c.policy["measure"].as_string().label("measure"), _s.c.next_seq,
                  _s.c.revision, _s.c.fold_revision, _s.c.measured_seq, _s.c.measured_revision,
-                 _s.c.system_tokens, _s.c.window_tokens, _s.c.calibration, _s.c.current_tokens)
+                 _s.c.system_tokens, _s.c.window_tokens, _s.c.calibration, _s.c.current_tokens,
+                 # the gate's (a scheduler's batch write hands them back: no second read)
+                 _s.c.incarnation, _s.c.created_at, _s.c.paused, _s.c.trigger_tokens)
 _UPDATE = (
     _s.update().where(_s.c.id == sa.bindparam("b_id")).values(
         measured_tokens=sa.bindparam("b_measured"), measured_seq=sa.bindparam("b_seq"),
@@ -62,6 +69,32 @@ _UPDATE = (
         calibration=sa.bindparam("b_calibration", type_=sa.JSON()),
         current_tokens=sa.bindparam("b_current"), updated_at=sa.bindparam("b_now"))
 )
+
+
+@functools.lru_cache(maxsize=8)
+def _update_sql(name: str, driver: str, paramstyle: str, dialect: Dialect
+                ) -> tuple[str, tuple[str, ...] | None, Callable[[Any], Any] | None]:
+    """``_UPDATE`` as the driver takes it (per dialect): its SQL, the parameter names in order
+    for a positional paramstyle (None for a named one), and the timestamp's bind processor."""
+    compiled = _UPDATE.compile(dialect=dialect)
+    order = tuple(compiled.positiontup) if compiled.positiontup else None
+    return str(compiled), order, _s.c.updated_at.type.bind_processor(dialect)
+
+
+def _write_updates(conn: Connection, updates: list[dict[str, Any]], now: datetime) -> None:
+    """``_UPDATE`` for each of ``updates`` (its ``b_*`` values, ``b_now`` aside), as one
+    ``executemany`` of the driver: SQLAlchemy's per-row parameter processing was most of the
+    statement's cost. The values are what SQLAlchemy would bind: integers and the id as they
+    are, the calibration as the engine's JSON text, the timestamp through its column type."""
+    dialect = conn.dialect
+    sql, order, stamp = _update_sql(dialect.name, dialect.driver, dialect.paramstyle, dialect)
+    stamped = now if stamp is None else stamp(now)
+    for update in updates:
+        update["b_calibration"] = json_dumps(update["b_calibration"])
+        update["b_now"] = stamped
+    params: list[Any] = updates if order is None else \
+        [tuple(update[name] for name in order) for update in updates]
+    conn.exec_driver_sql(sql, params)
 
 
 def _check_int(name: str, value: object) -> int:
@@ -128,12 +161,16 @@ class _Taken:
 
 
 def apply_reports(conn: Connection, reports: Sequence[UsageReport], *, now: datetime,
-                  strict: bool) -> dict[str, UsageResult]:
+                  strict: bool, gates: dict[str, SessionGate] | None = None
+                  ) -> dict[str, UsageResult]:
     """Apply at most one report per session (see the module doc); results by session id.
 
     ``strict`` (a single report): a report naming an unknown session, an impossible seq or
     revision, or zero usage raises. Otherwise (a batch) such a report is skipped with a log line
     so the batch's other sessions still count.
+
+    ``gates``: filled with the :class:`SessionGate` of every session the reports name that
+    exists, as this transaction leaves it (its new size when its report was taken).
     """
     ordered = sorted(reports, key=lambda r: r.session_id)
     rows: dict[str, Any] = {row.id: row for row in conn.execute(
@@ -170,17 +207,22 @@ def apply_reports(conn: Connection, reports: Sequence[UsageReport], *, now: date
     for t in taken:
         pending = after.get(t.row.id, 0)
         estimate = t.row.system_tokens + t.row.window_tokens - pending
-        calibration = Calibration.model_validate(t.row.calibration).observe(estimate, t.reported)
-        current = current_tokens(measured_tokens=t.reported, pending_tokens=pending,
-                                 system_tokens=t.row.system_tokens,
-                                 window_tokens=t.row.window_tokens, calibration=calibration)
+        calibration = Calibration.observe_json(t.row.calibration, estimate, t.reported)
+        current = measured_current_tokens(t.reported, pending, calibration["a"],
+                                          int(calibration["samples"]))
         updates.append({"b_id": t.row.id, "b_measured": t.reported, "b_seq": t.report.seq,
                         "b_revision": t.report.revision, "b_pending": pending,
-                        "b_calibration": calibration.to_json(), "b_current": current,
-                        "b_now": now})
+                        "b_calibration": calibration, "b_current": current})
         results[t.row.id] = UsageResult(True, current)
     if updates:
-        conn.execute(_UPDATE, updates)
+        _write_updates(conn, updates, now)
+    if gates is not None:
+        for row in rows.values():
+            result = results.get(row.id)
+            gates[row.id] = SessionGate(
+                row.id, row.incarnation, row.created_at, row.paused,
+                row.current_tokens if result is None else result.current_tokens,
+                row.trigger_tokens)
     return results
 
 

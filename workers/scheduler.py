@@ -41,10 +41,13 @@ One batch, top to bottom (:meth:`Scheduler.run_once`):
    after a scheduler starts or takes its partition over. ``scheduler_store_refresh_s = 0``
    writes every report.
 
-   The gate is trusted as long as the write is: read again when the session's size is next
-   due in the store (or after ``scheduler_policy_cache_s``, whichever is later), so it is never
-   much older than ``scheduler_store_refresh_s``. A report older than the one written (the
-   first report of a session deleted and created again under the same id looks like that)
+   The store write hands back each written session's gate as it left the row
+   (``apply_usage_batch``), and the decision of step 4 and the next reports are checked
+   against that: a session reporting steadily is read by its writes alone, with no query of
+   its own. So a gate is renewed whenever the session's size is next due in the store (or read
+   again after ``scheduler_policy_cache_s`` for a session not written by this scheduler), and
+   is never much older than ``scheduler_store_refresh_s``. A report older than the one written
+   (the first report of a session deleted and created again under the same id looks like that)
    has its gate read again at once. Changes made through sessionfold (a policy changed by the
    client, a pause or resume through the service) nudge the scheduler, which drops its gate;
    a change made around it (``sessionfold pause`` on the command line, a direct database
@@ -441,24 +444,26 @@ class Scheduler:
         step = self.consumer.batch_size  # one short store transaction per batch-size chunk
         for start in range(0, len(sids), step):
             chunk = sids[start:start + step]
-            self.store.record_usage_batch([_report(self._unwritten[sid].event) for sid in chunk])
+            batch = self.store.apply_usage_batch(
+                [_report(self._unwritten[sid].event) for sid in chunk])
             written = [self._unwritten.pop(sid) for sid in chunk]
             stats.written += len(written)
             failed: set[str] = set()
             now = time.monotonic()
-            gates, _ = self._gates_for(written, now)
-            if self._refresh_s > 0:
-                for entry in written:
-                    gate = gates[entry.event.session_id]
-                    if gate is not None:
-                        self._written_at[gate.id] = (gate.incarnation, now,
-                                                     entry.event.position)
+            # The write hands back each session's gate as it left the row: the decision below
+            # and the next reports are checked against that, with no second read.
             for entry in written:
-                ev = entry.event
-                gate = gates[ev.session_id]
-                if gate is not None and self._may_be_over(gate, ev) and \
-                        not self._try_enqueue(ev.session_id, "stream", stats, event=ev):
-                    failed.add(ev.session_id)
+                sid = entry.event.session_id
+                gate = batch.gates.get(sid)
+                if gate is None:
+                    self._forget(sid, gone=True)  # deleted since its gate was read
+                    continue
+                self._gates[sid] = (now, gate)
+                if self._refresh_s > 0:
+                    self._written_at[sid] = (gate.incarnation, now, entry.event.position)
+                if self._may_be_over(gate, entry.event) and \
+                        not self._try_enqueue(sid, "stream", stats, event=entry.event):
+                    failed.add(sid)
             # A failed enqueue leaves its entry pending: it comes back through XAUTOCLAIM.
             self.consumer.ack([e for e in written if e.event.session_id not in failed])
         if not self._unwritten:
@@ -469,7 +474,15 @@ class Scheduler:
                         position: tuple[int, int] | None = None) -> bool:
         """Did this scheduler write this session's measured size less than
         ``scheduler_store_refresh_s`` ago (this incarnation of it)? With ``position`` (a new
-        report's), also: is that report not older than the one written?
+        report's), also: is that report not older than the one written (:meth:`_written`)?"""
+        written = self._written(gate, position)
+        return written is not None and now - written < self._refresh_s
+
+    def _written(self, gate: SessionGate, position: tuple[int, int] | None = None
+                 ) -> float | None:
+        """When this scheduler last wrote this incarnation of the session's measured size (a
+        monotonic time), or None if it has not; with ``position`` (a new report's), None too if
+        the report is older than the one written.
 
         A report older than the written one is rare (reordered or redelivered), and it is what
         the first report of a session deleted and created again under the same id looks like
@@ -477,8 +490,10 @@ class Scheduler:
         gate is read again (``_gates_for``), which tells the new incarnation apart.
         """
         held = self._written_at.get(gate.id)
-        return held is not None and held[0] == gate.incarnation and \
-            now - held[1] < self._refresh_s and (position is None or position >= held[2])
+        if held is None or held[0] != gate.incarnation or \
+                (position is not None and position < held[2]):
+            return None
+        return held[1]
 
     def _flush_due(self, *, backlog: bool) -> bool:
         # Caught up (the read was not full): write now. Behind: let reports of sessions under
@@ -723,12 +738,16 @@ class Scheduler:
         whose size this scheduler wrote to the store lately (:meth:`_fresh_in_store`, for the
         entry's report). ``entries``: one per session.
 
-        A cached gate serves for ``scheduler_policy_cache_s`` after it was read, and for as long
-        as this scheduler's last write of the session's size is fresh and the entry's report is
-        not older than that write's (``_fresh_in_store``): a session is read again when its size
-        is next due in the store, so a gate is never much older than
-        ``scheduler_store_refresh_s``. Policy changes, pauses and resumes made through
-        sessionfold nudge the scheduler, which drops the gate at once (``_act_on_nudges``).
+        A gate comes from a store read, or from this scheduler's last write of the session's
+        size (:meth:`flush`: the write hands back the row's gate). It serves for
+        ``scheduler_policy_cache_s`` after it was read, and for as long as this scheduler has
+        written that incarnation's size and the entry's report is not older than the written
+        one (:meth:`_written`). A report that is not deferred is written, and its write brings
+        the gate up to date before anything is decided on it (flush), so a gate is never much
+        older than ``scheduler_store_refresh_s``; until then it only says whether the report
+        is written at once (past the trigger) or with the batch. Policy changes, pauses and
+        resumes made through sessionfold nudge the scheduler, which drops the gate at once
+        (``_act_on_nudges``).
         """
         found: dict[str, SessionGate | None] = {}
         fresh: set[str] = set()
@@ -738,11 +757,15 @@ class Scheduler:
             hit = self._gates.get(sid)
             if hit is None:
                 missing.append(entry)
-            elif hit[1] is not None and self._fresh_in_store(hit[1], now, entry.event.position):
-                found[sid] = hit[1]
-                fresh.add(sid)
+                continue
+            gate = hit[1]
+            written = None if gate is None else self._written(gate, entry.event.position)
+            if written is not None:
+                found[sid] = gate
+                if now - written < self._refresh_s:
+                    fresh.add(sid)
             elif now - hit[0] <= self._cache_s:
-                found[sid] = hit[1]
+                found[sid] = gate
             else:
                 missing.append(entry)
         if missing:
@@ -777,15 +800,17 @@ class Scheduler:
         if len(self._infos) > max_entries:
             now = time.monotonic()
             self._infos = {k: v for k, v in self._infos.items() if now - v[0] <= self._cache_s}
+        # A session written lately (within two refresh intervals: one calling at all is
+        # written again within one) keeps its write and the gate that came with it.
+        if len(self._written_at) > max_entries:
+            now = time.monotonic()
+            self._written_at = {k: held for k, held in self._written_at.items()
+                                if now - held[1] < 2 * self._refresh_s}
         if len(self._gates) > max_entries:
             now = time.monotonic()
             self._gates = {k: v for k, v in self._gates.items()
                            if now - v[0] <= self._cache_s
-                           or (v[1] is not None and self._fresh_in_store(v[1], now))}
-        if len(self._written_at) > max_entries:
-            now = time.monotonic()
-            self._written_at = {k: held for k, held in self._written_at.items()
-                                if now - held[1] < self._refresh_s}
+                           or (v[1] is not None and self._written(v[1]) is not None)}
         if len(self._verdicts) > max_entries:
             self._verdicts = {k: v for k, v in self._verdicts.items() if k in self._infos}
 

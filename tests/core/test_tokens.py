@@ -244,6 +244,44 @@ def test_any_sample_stream_keeps_the_fit_finite_and_clamped(samples: list[tuple[
     assert isinstance(prediction, int) and prediction >= 0
 
 
+@given(st.lists(_sample, max_size=20), _sample)
+def test_observe_json_is_observe_on_the_stored_form(samples: list[tuple[Any, Any]],
+                                                     last: tuple[Any, Any]) -> None:
+    """The batch write's path (the stored JSON in, the stored JSON out) gives what the models
+    give, sample for sample, through a JSON round trip as the store makes one."""
+    import json
+
+    cal = Calibration()
+    stored: Any = cal.to_json()
+    for x, y in [*samples, last]:
+        cal = cal.observe(x, y)
+        stored = json.loads(json.dumps(Calibration.observe_json(stored, x, y)))
+        assert stored == cal.to_json()
+
+
+@pytest.mark.parametrize("stored", [
+    {},  # an older row's default: every field missing
+    {"a": 1, "b": 0, "samples": 2, "mean_x": 10_000, "mean_y": 12_000, "var_x": 0,
+     "cov_xy": 0},  # integers where floats belong (another writer's JSON)
+    {"a": 1.2, "b": 0.0, "samples": 1, "mean_x": 1e4, "mean_y": 1.2e4, "var_x": 0.0,
+     "cov_xy": 0.0, "extra": 1},
+])
+def test_observe_json_takes_other_stored_forms_through_the_models(stored: dict[str, Any]
+                                                                  ) -> None:
+    if "extra" in stored:  # pydantic ignores an unknown field; so does the fallback
+        expected = Calibration.model_validate(stored).observe(20_000, 23_000).to_json()
+    else:
+        expected = Calibration(**stored).observe(20_000, 23_000).to_json()
+    got = Calibration.observe_json(stored, 20_000, 23_000)
+    assert got == expected and isinstance(got["a"], float) and isinstance(got["samples"], int)
+
+
+def test_observe_json_of_an_unusable_sample_keeps_the_stored_values() -> None:
+    stored = Calibration().observe(10_000, 12_000).to_json()
+    kept = Calibration.observe_json(stored, 0, 12_000)
+    assert kept == stored and kept is not stored  # a copy: the caller may change it
+
+
 # --- reported usage ----------------------------------------------------------------------------
 
 def test_reported_prompt_size_sums_input_and_cache_tokens() -> None:

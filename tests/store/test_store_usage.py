@@ -135,6 +135,31 @@ def test_a_batch_keeps_the_latest_report_per_session(store: SessionStore) -> Non
         store.record_usage_batch([("a", {}, 1, 1)])  # type: ignore[list-item]
 
 
+def test_a_batch_hands_back_the_gates_of_the_sessions_as_it_left_them(
+        store: SessionStore) -> None:
+    """What a scheduler decides on after its write, with no second read: every named session
+    that exists, its size as written (or as it was, when its report was not taken)."""
+    revision = _session(store)
+    store.create_session("b", FoldPolicy(budget_tokens=4000, trigger_ratio=0.5, target_ratio=0.25))
+    store.append("b", [user("task b")])
+    store.set_paused("b", True)
+    before_b = store.get_session("b")
+    written = store.apply_usage_batch([
+        UsageReport("a", None, seq=6, revision=revision, prompt_tokens=3210),
+        UsageReport("b", None, seq=0, revision=1, prompt_tokens=0),  # zero: not taken
+        UsageReport("ghost", None, seq=0, revision=1, prompt_tokens=5),
+    ])
+    assert written.taken == 1 and set(written.gates) == {"a", "b"}
+    a, b = store.get_session("a"), store.get_session("b")
+    assert written.gates["a"] == a.gate and a.gate.current_tokens == 3210 == a.current_tokens
+    assert written.gates["b"] == b.gate and b.gate.paused
+    assert b.gate.current_tokens == before_b.current_tokens
+    assert b.gate.trigger_tokens == before_b.gate.trigger_tokens < a.gate.trigger_tokens
+    # The row's timestamp is written through its column type (read back aware, not earlier).
+    assert a.updated_at >= before_b.updated_at and a.updated_at.tzinfo is not None
+    assert store.apply_usage_batch([]).gates == {}
+
+
 def test_a_report_may_carry_the_prompt_size_already_read_from_the_providers_usage(
         store: SessionStore) -> None:
     # The scheduler passes the number a usage event carries, not a usage dict rebuilt from it.

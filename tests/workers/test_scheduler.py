@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from sessionfold.core.errors import StoreError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import CompactionRecord
-from sessionfold.store.results import SessionInfo
+from sessionfold.store.results import SessionInfo, UsageBatch
 from sessionfold.store.store import SessionStore
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
@@ -249,16 +249,16 @@ def test_a_failed_store_write_is_retried_from_the_pending_entries(
                       metrics_=Metrics(CollectorRegistry()))
     info = new_session(sqlite_store, "s1")
     publisher.publish(usage(info, 5_000))
-    real_write = sqlite_store.record_usage_batch
+    real_write = sqlite_store.apply_usage_batch
     calls = []
 
-    def flaky(reports: Any) -> int:
+    def flaky(reports: Any) -> UsageBatch:
         calls.append(len(reports))
         if len(calls) == 1:
             raise StoreError("database is locked")
         return real_write(reports)
 
-    monkeypatch.setattr(sqlite_store, "record_usage_batch", flaky)
+    monkeypatch.setattr(sqlite_store, "apply_usage_batch", flaky)
     with pytest.raises(StoreError):
         sched.run_once()
     assert pending(redis_conn, settings) == 1  # not acknowledged: it will come back
@@ -272,13 +272,13 @@ def test_a_failed_store_write_is_retried_from_the_pending_entries(
 
 
 class CountingWrites:
-    """Wraps a store's record_usage_batch, remembering the sessions of every call."""
+    """Wraps a store's apply_usage_batch, remembering the sessions of every call."""
 
     def __init__(self, store: SessionStore) -> None:
         self.calls: list[list[str]] = []
-        self._real = store.record_usage_batch
+        self._real = store.apply_usage_batch
 
-    def __call__(self, reports: Any) -> int:
+    def __call__(self, reports: Any) -> UsageBatch:
         self.calls.append([r.session_id for r in reports])
         return self._real(reports)
 
@@ -286,7 +286,7 @@ class CountingWrites:
     def on(cls, store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> CountingWrites:
         """Count ``store``'s usage writes for the rest of the test."""
         writes = cls(store)
-        monkeypatch.setattr(store, "record_usage_batch", writes)
+        monkeypatch.setattr(store, "apply_usage_batch", writes)
         return writes
 
 
@@ -391,6 +391,60 @@ def test_under_its_trigger_a_session_is_written_once_per_refresh_interval(
     assert sqlite_store.get_session("s1").measured_tokens == 9_000
     assert [job[0] for job in enqueue.jobs] == ["s1"]
     assert writes.calls == [["s1"], ["s1"], ["s1"]]
+
+
+def test_a_session_reporting_steadily_is_read_by_its_writes_alone(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        redis_conn: redis.Redis, publisher: UsagePublisher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its first read, a session's gate comes back with each write of its size: no
+    gate query of its own however short the policy cache, and a change made around
+    sessionfold (no nudge) is decided on at the next write."""
+    settings = make_settings(scheduler_block_ms=10, scheduler_store_flush_ms=0,
+                             scheduler_store_refresh_s=600, scheduler_policy_cache_s=0,
+                             scheduler_sweep_interval_s=3600)
+    enqueue = RecordingEnqueue()
+    sched = Scheduler(settings, sqlite_store, redis_conn, enqueue,
+                      metrics_=Metrics(CollectorRegistry()))
+    info = new_session(sqlite_store, "s1", n_turns=8)  # budget 10,000: trigger 8,500
+    gate_reads: list[list[str]] = []
+    real_gates = sqlite_store.session_gates
+    monkeypatch.setattr(sqlite_store, "session_gates",
+                        lambda sids: gate_reads.append(list(sids)) or real_gates(sids))
+
+    def ten_minutes_on() -> None:  # the write's time moved back: the next report is due
+        sched._written_at = {sid: (incarnation, at - 600, position)
+                             for sid, (incarnation, at, position) in sched._written_at.items()}
+
+    publisher.publish(usage(info, 2_000, seq=1))
+    assert sched.run_once().written == 1 and gate_reads == [["s1"]]  # the first: read
+    for seq in (2, 3):
+        ten_minutes_on()
+        publisher.publish(usage(info, 2_000 + seq, seq=seq))
+        assert sched.run_once().written == 1
+    assert gate_reads == [["s1"]]  # written twice more, never read again
+    assert sqlite_store.get_session("s1").measured_seq == 3
+
+    # The trigger lowered in the store itself: nothing tells the scheduler. Its gate still
+    # says 8,500, so a report of 5,000 is not urgent; its write brings the new gate (2,550),
+    # and the decision after the write enqueues the fold.
+    sqlite_store.set_policy("s1", FoldPolicy(budget_tokens=3_000))
+    ten_minutes_on()
+    publisher.publish(usage(info, 5_000, seq=4))
+    stats = sched.run_once()
+    assert stats.written == 1 and list(stats.enqueued) == ["s1"]
+    assert [job[0] for job in enqueue.jobs] == ["s1"] and gate_reads == [["s1"]]
+
+    # Deleted in the store: the write finds no row, and the session is known gone (its next
+    # report is counted unknown, with no write).
+    redis_conn.delete(Keys.from_settings(settings).fold_lock("s1"))
+    sqlite_store.delete_session("s1")
+    ten_minutes_on()
+    publisher.publish(usage(info, 5_100, seq=5))
+    assert sched.run_once().written == 1 and sched._gates["s1"][1] is None
+    publisher.publish(usage(info, 5_200, seq=6))
+    gone = sched.run_once()
+    assert (gone.unknown, gone.written) == (1, 0)
 
 
 def test_a_new_scheduler_writes_each_session_s_first_report(
