@@ -329,20 +329,24 @@ class Calibration(BaseModel):
         stored form directly: what a batch of usage reports does for every row it writes,
         without building two models a row. A stored value not in :meth:`to_json`'s exact
         form (a missing field, an int where a float belongs) goes through the models."""
-        if type(stored) is not dict or len(stored) != len(_MOMENTS) or \
-                any(type(stored.get(k)) is not t for k, t in _MOMENT_TYPES):
+        get = stored.get if type(stored) is dict and len(stored) == len(_MOMENTS) else None
+        if get is None:
             return cls.model_validate(stored).observe(estimate, reported).to_json()
-        fitted = _fit(stored["a"], stored["samples"], stored["mean_x"], stored["mean_y"],
-                      stored["var_x"], stored["cov_xy"], estimate, reported)
+        a, b, samples = get("a"), get("b"), get("samples")
+        mean_x, mean_y, var_x, cov_xy = get("mean_x"), get("mean_y"), get("var_x"), get("cov_xy")
+        if not (type(a) is float and type(b) is float and type(samples) is int
+                and type(mean_x) is float and type(mean_y) is float and type(var_x) is float
+                and type(cov_xy) is float):
+            return cls.model_validate(stored).observe(estimate, reported).to_json()
+        fitted = _fit(a, samples, mean_x, mean_y, var_x, cov_xy, estimate, reported)
         return dict(stored) if fitted is None else dict(zip(_MOMENTS, fitted, strict=True))
 
     def to_json(self) -> dict[str, float | int]:
         return self.model_dump(mode="json")
 
 
-#: Calibration's fields in the order :func:`_fit` returns them, with their stored types.
+#: Calibration's fields in the order :func:`_fit` returns them.
 _MOMENTS = ("a", "b", "samples", "mean_x", "mean_y", "var_x", "cov_xy")
-_MOMENT_TYPES = tuple((name, int if name == "samples" else float) for name in _MOMENTS)
 
 
 def _fit(a0: float, samples: int, mean_x0: float, mean_y0: float, var_x0: float,

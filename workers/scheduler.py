@@ -664,9 +664,8 @@ class Scheduler:
 
     def _may_be_over(self, info: SessionGate | SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
-        if info.paused:
-            return False
-        return max(ev.prompt_tokens, info.current_tokens) > info.trigger_tokens
+        trigger = info.trigger_tokens
+        return not info.paused and (info.current_tokens > trigger or ev.prompt_tokens > trigger)
 
     def _try_enqueue(self, sid: str, source: str, stats: BatchStats, *,
                      event: UsageEvent | None = None, fresh: SessionInfo | None = None,
@@ -752,19 +751,22 @@ class Scheduler:
         found: dict[str, SessionGate | None] = {}
         fresh: set[str] = set()
         missing: list[StreamEntry] = []
-        for entry in entries:
-            sid = entry.event.session_id
-            hit = self._gates.get(sid)
+        gates, written_at, refresh_s, cache_s = (self._gates, self._written_at,
+                                                 self._refresh_s, self._cache_s)
+        for entry in entries:  # (per event: _written inlined)
+            ev = entry.event
+            sid = ev.session_id
+            hit = gates.get(sid)
             if hit is None:
                 missing.append(entry)
                 continue
             gate = hit[1]
-            written = None if gate is None else self._written(gate, entry.event.position)
-            if written is not None:
+            if gate is not None and (held := written_at.get(sid)) is not None and \
+                    held[0] == gate.incarnation and (ev.revision, ev.seq) >= held[2]:
                 found[sid] = gate
-                if now - written < self._refresh_s:
+                if now - held[1] < refresh_s:
                     fresh.add(sid)
-            elif now - hit[0] <= self._cache_s:
+            elif now - hit[0] <= cache_s:
                 found[sid] = gate
             else:
                 missing.append(entry)
