@@ -172,6 +172,37 @@ def test_malformed_entries_are_acknowledged_and_skipped(redis_conn: redis.Redis,
     assert pending(redis_conn, redis_keys) == 1
 
 
+@pytest.mark.parametrize("raw", [True, False])
+def test_the_raw_reader_and_redis_py_s_parsing_read_the_same_entries(
+        redis_url: str, redis_prefix: str, raw: bool) -> None:
+    """A consumer reads through a client on the same pool whose replies skip redis-py's
+    reshaping of each entry (``_decode`` takes the server's flat field list). Without it (a
+    cluster client) redis-py's parsing serves: both read the same events, and skip the same
+    malformed entries, in the same order."""
+    client = redis_client(redis_url)
+    keys = Keys(f"{redis_prefix}:raw{raw}", partitions=1)
+    try:
+        c = consumer(client, keys, "a")
+        assert c._reader is not None and c._reader.connection_pool is client.connection_pool
+        if not raw:
+            c._reader = None
+        stream = keys.usage_stream(0)
+        publish(client, keys, [event(seq=1, tokens=100)])
+        client.xadd(stream, {FIELD: b"{not json"})
+        client.xadd(stream, {FIELD: event(seq=2).to_payload(), "note": b"a newer field"})
+        publish(client, keys, [event(sid="s2", seq=3, model="m", time=12.5)])
+        read = c.read()
+        assert [(e.event.session_id, e.event.seq) for e in read] == [
+            ("s1", 1), ("s1", 2), ("s2", 3)]
+        assert read[2].event == event(sid="s2", seq=3, model="m", time=12.5)
+        assert all(type(e.entry_id) is bytes and e.partition == 0 for e in read)
+        assert c.malformed == 1 and c.ack(read) == 3
+        assert pending(client, keys) == 0
+    finally:
+        client.delete(keys.usage_stream(0))
+        client.close()
+
+
 def test_dead_consumers_without_pending_entries_are_pruned(redis_conn: redis.Redis,
                                                            redis_keys: Keys) -> None:
     publish(redis_conn, redis_keys, [event(seq=0), event(seq=1), event(seq=2)])
