@@ -8,8 +8,9 @@ seq (so every event is a new measurement, as one per model call is).
 
 Timed: one :class:`~sessionfold.workers.scheduler.Scheduler` calling ``run_once`` until the
 stream is drained: XREADGROUP in batches, per-session compare-and-set in Redis (Lua, pipelined),
-``record_usage_batch`` in the store, the trigger check, XACK. Reported: events/s overall, and
-the time split between the Redis read, the Redis compare-and-set, the store write and the rest.
+``apply_usage_batch`` in the store (``record_usage_batch`` on older trees), the trigger check,
+XACK. Reported: events/s overall, and the time split between the Redis read, the Redis
+compare-and-set, the store write and the rest.
 
 The number depends on how many events share a session within a batch (the store writes at
 most one row per session per batch) and on how many reports the store is spared
