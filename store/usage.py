@@ -71,11 +71,12 @@ _UPDATE = (
 )
 
 
-@functools.lru_cache(maxsize=8)
-def _update_sql(name: str, driver: str, paramstyle: str, dialect: Dialect
+@functools.lru_cache(maxsize=16)
+def _update_sql(dialect: Dialect
                 ) -> tuple[str, tuple[str, ...] | None, Callable[[Any], Any] | None]:
-    """``_UPDATE`` as the driver takes it (per dialect): its SQL, the parameter names in order
-    for a positional paramstyle (None for a named one), and the timestamp's bind processor."""
+    """``_UPDATE`` as the driver takes it (compiled once per engine's dialect): its SQL, the
+    parameter names in order for a positional paramstyle (None for a named one), and the
+    timestamp's bind processor."""
     compiled = _UPDATE.compile(dialect=dialect)
     order = tuple(compiled.positiontup) if compiled.positiontup else None
     return str(compiled), order, _s.c.updated_at.type.bind_processor(dialect)
@@ -86,8 +87,7 @@ def _write_updates(conn: Connection, updates: list[dict[str, Any]], now: datetim
     ``executemany`` of the driver: SQLAlchemy's per-row parameter processing was most of the
     statement's cost. The values are what SQLAlchemy would bind: integers and the id as they
     are, the calibration as the engine's JSON text, the timestamp through its column type."""
-    dialect = conn.dialect
-    sql, order, stamp = _update_sql(dialect.name, dialect.driver, dialect.paramstyle, dialect)
+    sql, order, stamp = _update_sql(conn.dialect)
     stamped = now if stamp is None else stamp(now)
     for update in updates:
         update["b_calibration"] = json_dumps(update["b_calibration"])
