@@ -13,7 +13,9 @@ database on that PostgreSQL server for the run and drops it afterwards):
    one fold as the worker spends it, Celery's own work included, and the folds per CPU-second
    of one core. ``--throughput-messages`` sets the window (40 messages of django__django-15554,
    or all 291 of django__django-16560: about 300 items), ``--throughput-economics dollars``
-   prices every visit as a default policy's are. ``--throughput-only`` skips the lag run.
+   prices every visit as a default policy's are, ``--throughput-pool solo`` runs the folds in
+   the consumer process itself (no pool child: what the prefork hop costs is the difference).
+   ``--throughput-only`` skips the lag run.
 2. **Lag** from the first usage event that puts a session over its trigger to the committed
    fold, with a summarizer of ``--summarizer-latency`` seconds (the scripted provider over HTTP,
    through the real Anthropic SDK): ``--sessions`` active sessions each report usage once every
@@ -240,7 +242,8 @@ def throughput(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
     # Twice the budget: every session has a fold to make.
     ids, _ = _sessions(rig.store, "tp-", args.throughput_sessions, messages, conv.system, 2.0,
                        args.throughput_economics)
-    with process(["worker", f"--concurrency={args.throughput_concurrency}"], settings,
+    with process(["worker", f"--pool={args.throughput_pool}",
+                  f"--concurrency={args.throughput_concurrency}"], settings,
                  rig.workdir / "throughput-worker.log", "ready.") as worker:
         app = make_celery(settings)
         enqueue = make_enqueue(app)
@@ -260,7 +263,7 @@ def throughput(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
             "economics": args.throughput_economics, "worker cpu s": cpu,
             "cpu ms/fold": 1000 * cpu / folded if folded else None,
             "folds per cpu-s": folded / cpu if cpu > 0 else None,
-            "concurrency": args.throughput_concurrency, "pool": "prefork"}
+            "concurrency": args.throughput_concurrency, "pool": args.throughput_pool}
 
 
 def lag(rig: Rig, args: argparse.Namespace, messages: list[Message],
@@ -500,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker processes in the lag run (threads share one core each)")
     parser.add_argument("--throughput-sessions", type=int, default=200)
     parser.add_argument("--throughput-concurrency", type=int, default=1)
+    parser.add_argument("--throughput-pool", choices=("prefork", "solo", "threads"),
+                        default="prefork",
+                        help="the throughput worker's Celery pool (solo: the folds run in the "
+                             "consumer process itself, no pool child)")
     parser.add_argument("--throughput-messages", type=int, choices=sorted(THROUGHPUT_WINDOWS),
                         default=MESSAGES,
                         help="messages of each throughput session (291: a ~300-item window)")

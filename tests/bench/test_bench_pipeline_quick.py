@@ -34,12 +34,14 @@ def test_quick_mode_folds_every_session_and_reports_a_causal_lag(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_throughput_only_on_300_item_windows_reports_the_workers_cpu_per_fold(
-        redis_url: str, tmp_path: Path) -> None:
+        redis_url: str, tmp_path: Path, pool: str) -> None:
     out, numbers = tmp_path / "pipeline.md", tmp_path / "pipeline.json"
     done = subprocess.run([sys.executable, str(BENCH), "--throughput-only",
                            "--throughput-messages", "291", "--throughput-sessions", "4",
-                           "--throughput-economics", "dollars", "--redis-url", redis_url,
+                           "--throughput-economics", "dollars", "--throughput-pool", pool,
+                           "--redis-url", redis_url,
                            "--out", str(out), "--json", str(numbers)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -48,6 +50,7 @@ def test_throughput_only_on_300_item_windows_reports_the_workers_cpu_per_fold(
     throughput = result["throughput"]
     assert throughput["folded"] == throughput["sessions"] == 4
     assert throughput["messages"] == 291 and throughput["economics"] == "dollars"
+    assert throughput["pool"] == pool and f"{pool} pool" in out.read_text()
     # The worker's own CPU over the run: positive, and one fold's share of it is what the
     # folds per CPU-second invert.
     assert throughput["worker cpu s"] > 0
