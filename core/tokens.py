@@ -329,17 +329,18 @@ class Calibration(BaseModel):
         stored form directly: what a batch of usage reports does for every row it writes,
         without building two models a row. A stored value not in :meth:`to_json`'s exact
         form (a missing field, an int where a float belongs) goes through the models."""
-        get = stored.get if type(stored) is dict and len(stored) == len(_MOMENTS) else None
-        if get is None:
-            return cls.model_validate(stored).observe(estimate, reported).to_json()
-        a, b, samples = get("a"), get("b"), get("samples")
-        mean_x, mean_y, var_x, cov_xy = get("mean_x"), get("mean_y"), get("var_x"), get("cov_xy")
-        if not (type(a) is float and type(b) is float and type(samples) is int
-                and type(mean_x) is float and type(mean_y) is float and type(var_x) is float
-                and type(cov_xy) is float):
-            return cls.model_validate(stored).observe(estimate, reported).to_json()
-        fitted = _fit(a, samples, mean_x, mean_y, var_x, cov_xy, estimate, reported)
-        return dict(stored) if fitted is None else dict(zip(_MOMENTS, fitted, strict=True))
+        if type(stored) is dict and len(stored) == len(_MOMENTS):
+            get = stored.get
+            a, b, samples = get("a"), get("b"), get("samples")
+            mean_x, mean_y = get("mean_x"), get("mean_y")
+            var_x, cov_xy = get("var_x"), get("cov_xy")
+            if (type(a) is float and type(b) is float and type(samples) is int
+                    and type(mean_x) is float and type(mean_y) is float
+                    and type(var_x) is float and type(cov_xy) is float):
+                fitted = _fit(a, samples, mean_x, mean_y, var_x, cov_xy, estimate, reported)
+                return dict(stored) if fitted is None else dict(zip(_MOMENTS, fitted,
+                                                                    strict=True))
+        return cls.model_validate(stored).observe(estimate, reported).to_json()
 
     def to_json(self) -> dict[str, float | int]:
         return self.model_dump(mode="json")

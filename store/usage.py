@@ -83,17 +83,17 @@ def _update_sql(dialect: Dialect
 
 
 def _write_updates(conn: Connection, updates: list[dict[str, Any]], now: datetime) -> None:
-    """``_UPDATE`` for each of ``updates`` (its ``b_*`` values, ``b_now`` aside), as one
-    ``executemany`` of the driver: SQLAlchemy's per-row parameter processing was most of the
-    statement's cost. The values are what SQLAlchemy would bind: integers and the id as they
-    are, the calibration as the engine's JSON text, the timestamp through its column type."""
+    """``_UPDATE`` for each of ``updates`` (its ``b_*`` values but ``b_now``, the calibration
+    already JSON text), stamped ``now``, as one ``executemany`` of the driver: SQLAlchemy's
+    per-row parameter processing was most of the statement's cost. The values are what
+    SQLAlchemy would bind: integers, the id and the JSON text as they are, the timestamp
+    through its column type."""
     sql, order, stamp = _update_sql(conn.dialect)
-    stamped = now if stamp is None else stamp(now)
-    for update in updates:
-        update["b_calibration"] = json_dumps(update["b_calibration"])
-        update["b_now"] = stamped
-    params: list[Any] = updates if order is None else \
-        [tuple(update[name] for name in order) for update in updates]
+    when = now if stamp is None else stamp(now)
+    params: list[Any] = (
+        [{**update, "b_now": when} for update in updates] if order is None else
+        [tuple(when if name == "b_now" else update[name] for name in order)
+         for update in updates])
     conn.exec_driver_sql(sql, params)
 
 
@@ -212,7 +212,7 @@ def apply_reports(conn: Connection, reports: Sequence[UsageReport], *, now: date
                                           int(calibration["samples"]))
         updates.append({"b_id": t.row.id, "b_measured": t.reported, "b_seq": t.report.seq,
                         "b_revision": t.report.revision, "b_pending": pending,
-                        "b_calibration": calibration, "b_current": current})
+                        "b_calibration": json_dumps(calibration), "b_current": current})
         results[t.row.id] = UsageResult(True, current)
     if updates:
         _write_updates(conn, updates, now)

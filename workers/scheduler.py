@@ -751,25 +751,18 @@ class Scheduler:
         found: dict[str, SessionGate | None] = {}
         fresh: set[str] = set()
         missing: list[StreamEntry] = []
-        gates, written_at, refresh_s, cache_s = (self._gates, self._written_at,
-                                                 self._refresh_s, self._cache_s)
-        for entry in entries:  # (per event: _written inlined)
+        for entry in entries:
             ev = entry.event
             sid = ev.session_id
-            hit = gates.get(sid)
-            if hit is None:
+            hit = self._gates.get(sid)
+            gate = None if hit is None else hit[1]
+            written = None if gate is None else self._written(gate, ev.position)
+            if written is None and (hit is None or now - hit[0] > self._cache_s):
                 missing.append(entry)
                 continue
-            gate = hit[1]
-            if gate is not None and (held := written_at.get(sid)) is not None and \
-                    held[0] == gate.incarnation and (ev.revision, ev.seq) >= held[2]:
-                found[sid] = gate
-                if now - held[1] < refresh_s:
-                    fresh.add(sid)
-            elif now - hit[0] <= cache_s:
-                found[sid] = gate
-            else:
-                missing.append(entry)
+            found[sid] = gate
+            if written is not None and now - written < self._refresh_s:
+                fresh.add(sid)
         if missing:
             read = self.store.session_gates([entry.event.session_id for entry in missing])
             now = time.monotonic()
