@@ -23,7 +23,11 @@ Why the configuration is what it is (DESIGN.md, *sharp edges*):
 - ``worker_cancel_long_running_tasks_on_connection_loss``: after a lost broker connection the
   running jobs' messages are redelivered anyway; cancelling them avoids two runs in parallel.
 - Task events and sent events on, and the task's result names its session and outcome, so
-  Flower lists every fold with both.
+  Flower lists every fold with both. Flower learns a job's arguments and its start from the
+  events, so the result backend is written once per job, when it ends: no ``STARTED`` state
+  (``task_track_started``) and no arguments copied into the result (``result_extended``). Each
+  was a read, a write and a publish to Redis per fold that nothing read (bench/RESULTS.md,
+  "Fold CPU: Celery's work for a job").
 - Unacknowledged messages are swept back every ``unacked_restore_interval`` (at most a tenth of
   the visibility timeout, at least a second): kombu's default sweeps every 100 s.
 
@@ -37,6 +41,8 @@ visibility timeout), and RabbitMQ's own ``consumer_timeout`` (30 min by default)
 above ``task_time_limit_s``. Results go to the standalone Redis when there is one (the result
 backend stores each fold's report for an hour); with a cluster and RabbitMQ there is no result
 backend (Flower reads task events, not results). deploy/README.md says which broker to choose.
+A ``redis://`` broker is served by :class:`~sessionfold.workers.broker.Transport`, kombu's
+transport keeping one Redis client per channel (kombu builds one per command).
 
 A worker process builds what it uses (store engine, Redis client, guarded summarizer) lazily,
 after the fork: :class:`~sessionfold.workers.runtime.WorkerRuntime`, one per app. The prefork
@@ -61,6 +67,8 @@ from kombu.entity import Queue
 from sessionfold.core.errors import InvalidInputError
 
 from . import tasks
+from .broker import Transport as SharedClientTransport
+from .broker import uses_shared_client
 from .keys import FOLD_QUEUE, Keys
 from .metrics import mark_process_dead
 from .redis_conn import is_cluster_url
@@ -147,6 +155,8 @@ def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
     amqp = urlsplit(broker).scheme.lower() in _AMQP_SCHEMES
     transport = _amqp_transport() if amqp else _redis_transport(settings, keys)
     app = Celery("sessionfold", broker=broker, backend=backend, set_as_current=False)
+    if uses_shared_client(broker):
+        app.conf.broker_transport = SharedClientTransport
     if amqp:
         # Durable, and declared with the app, so a worker's first start finds it in place.
         app.conf.task_queues = [Queue(FOLD_QUEUE, durable=True)]  # type: ignore[no-untyped-call]
@@ -165,10 +175,10 @@ def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
         broker_connection_max_retries=None,
         result_backend_transport_options={"global_keyprefix": keys.celery_prefix()},
         result_expires=3600,
-        result_extended=True,
+        result_extended=False,
         task_send_sent_event=True,
         worker_send_task_events=True,
-        task_track_started=True,
+        task_track_started=False,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],

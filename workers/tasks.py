@@ -8,7 +8,11 @@
 1. Count this delivery (Redis). ``task_reject_on_worker_lost`` requeues a job whose worker died
    without limit (celery #9082); past ``max_attempts`` deliveries the job is dead-lettered in the
    store and stops — unless the store shows a twin delivery at work, which is a duplicate, not a
-   failure.
+   failure. Only a redelivery is counted: both brokers mark a message they hand out again
+   (RabbitMQ's ``redelivered`` flag; kombu's Redis transport sets it when it restores an
+   unacknowledged message), so a job's first delivery is number 1 without a word to Redis, and
+   the count it keeps is of the redeliveries. (A first delivery costs no round trips for it;
+   the store's count of abandoned claims, below, caps lost workers even without that flag.)
 2. Run the shared fold procedure (:func:`~sessionfold.workers.fold_procedure.run_fold`): claim in
    the store (a redelivery of a committed job, a duplicate, or a job overtaken by a newer claim
    stops here, before any summarizer call), fold, commit. The summarizer is the worker's guarded
@@ -74,7 +78,7 @@ _TRIGGERS: tuple[str, ...] = get_args(Trigger)
 def register(app: Any) -> Any:
     """Register :func:`fold_session` on ``app`` (done by ``make_celery``)."""
     return app.task(bind=True, name=FOLD_TASK, acks_late=True, reject_on_worker_lost=True,
-                    max_retries=None, track_started=True)(fold_session)
+                    max_retries=None, track_started=False)(fold_session)
 
 
 def retry_countdown(retries: int, *, base_s: float, cap_s: float,
@@ -108,7 +112,8 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
                   lease_s=settings.task_time_limit_s, max_abandoned=settings.max_attempts,
                   incarnation=incarnation)
     attempts_key = runtime.keys.fold_attempts(job.job_id)
-    deliveries = _count_delivery(runtime, attempts_key)
+    redelivered = _redelivered(request)
+    deliveries = 1 + _count_redelivery(runtime, attempts_key) if redelivered else 1
     lock = FoldLock.from_settings(settings, runtime.redis)
     meter = metrics()
     with meter.track_fold(trigger) as timer:
@@ -137,7 +142,8 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
         _retry_or_give_up(task, runtime, job, report, lock, lock_token, attempts_key)
     fault_point("after-commit")
     _release_lock(lock, session_id, lock_token)
-    _forget_deliveries(runtime, attempts_key)
+    if redelivered:  # a first delivery left no count behind
+        _forget_deliveries(runtime, attempts_key)
     result = report.to_json()
     result["deliveries"] = deliveries
     log.info("fold of %s: %s (%s)", session_id, report.outcome, report.detail or report.claim)
@@ -202,8 +208,7 @@ def _after_own_lease(task: Any, runtime: WorkerRuntime, job: FoldJob, report: Fo
         return
     if holder != request.id and not holder.startswith(f"{request.id}~r"):
         return  # another task's claim: a newer job's, and it is theirs to finish
-    redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    if holder == job.job_id and not redelivered:
+    if holder == job.job_id and not _redelivered(request):
         return  # a twin delivery of this attempt is at work
     if request.retries >= settings.max_attempts:
         return  # waited long enough: the sweep finds the session again
@@ -273,8 +278,14 @@ def _abandon(runtime: WorkerRuntime, job: FoldJob, report: FoldReport) -> FoldRe
     return replace(report, outcome="dead-lettered", detail=reason, record=gave_up.record)
 
 
-def _count_delivery(runtime: WorkerRuntime, key: str) -> int:
-    """This delivery's number. The count outlives every redelivery the broker can make."""
+def _redelivered(request: Any) -> bool:
+    """Whether the broker handed this message out before (its ``redelivered`` mark)."""
+    return bool((request.delivery_info or {}).get("redelivered"))
+
+
+def _count_redelivery(runtime: WorkerRuntime, key: str) -> int:
+    """This redelivery's number (1 for the first). The count outlives every redelivery the
+    broker can make."""
     settings = runtime.settings
     ttl_s = int(settings.visibility_timeout_s * (settings.max_attempts + 1))
     with mapped_errors("counting a fold job's deliveries"):

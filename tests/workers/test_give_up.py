@@ -78,9 +78,10 @@ class Rig:
     watched: Watched
     app: Any
 
-    def run_task(self, job_id: str) -> dict[str, Any]:
-        task = SimpleNamespace(app=self.app, request=SimpleNamespace(id=job_id, retries=0))
-        return fold_session(task, SID)
+    def run_task(self, job_id: str, *, redelivered: bool = False) -> dict[str, Any]:
+        request = SimpleNamespace(id=job_id, retries=0,
+                                  delivery_info={"redelivered": redelivered})
+        return fold_session(SimpleNamespace(app=self.app, request=request), SID)
 
 
 @pytest.fixture
@@ -125,11 +126,12 @@ def test_a_job_past_its_delivery_cap_is_dead_lettered_with_its_reason_in_one_ste
     job_id = "job-redelivered"
     runtime = WorkerRuntime(rig.settings, rig.redis_url)
     try:
-        # As if the job had been delivered max_attempts times already, its worker lost each time.
-        runtime.redis.set(runtime.keys.fold_attempts(job_id), rig.settings.max_attempts)
+        # As if the job had been delivered max_attempts times already, its worker lost each
+        # time (the redeliveries among them counted), and the broker hands it out once more.
+        runtime.redis.set(runtime.keys.fold_attempts(job_id), rig.settings.max_attempts - 1)
     finally:
         runtime.close()
-    result = rig.run_task(job_id)
+    result = rig.run_task(job_id, redelivered=True)
     assert result["outcome"] == "dead-lettered"
     final = rig.watched.looks[-1]
     assert final.dead_letters == 1 and final.refusals == 1 and final.claimed_by is None

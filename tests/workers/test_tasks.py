@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from sessionfold.workers.prices import summarizer_cost_usd
 from sessionfold.workers.redis_conn import redis_client
 from sessionfold.workers.settings import Settings
 from sessionfold.workers.slots import SummarizerSlots
-from sessionfold.workers.tasks import _fold, retry_countdown
+from sessionfold.workers.tasks import _fold, fold_session, retry_countdown
 
 # Only the paid layer: a visit either summarizes or folds nothing, so counting summarizer calls
 # and folds is exact.
@@ -151,6 +152,9 @@ def test_529_three_times_then_success_folds_once_with_the_retries_in_task_events
                what="the task-succeeded event")
     kinds = pipe.events.of(job_id)
     assert kinds.count("task-retried") == 3 and "task-sent" in kinds
+    # Flower sees each delivery received and started from the events alone (the result
+    # backend keeps no STARTED state: task_track_started is off).
+    assert kinds.count("task-received") == 4 and kinds.count("task-started") == 4
 
 
 def test_400_for_good_is_a_recorded_refusal_without_a_retry_storm(pipe: Pipeline) -> None:
@@ -190,15 +194,45 @@ def test_five_deliveries_of_one_job_at_once_make_one_summarizer_call_and_one_fol
     assert pipe.result(job_id)["outcome"] in ("folded", "skipped")
 
 
+class _Delivery:
+    """A stand-in for Celery's bound task: one delivery of job ``job_id``, run in this process
+    on the pipeline app's runtime (the broker's ``redelivered`` mark set as given)."""
+
+    def __init__(self, app: Any, job_id: str, *, redelivered: bool) -> None:
+        self.app = app
+        self.request = SimpleNamespace(id=job_id, retries=0,
+                                       delivery_info={"redelivered": redelivered})
+
+    def retry(self, **kwargs: Any) -> Exception:
+        raise AssertionError(f"no retry expected here: {kwargs}")
+
+
+def test_a_first_delivery_is_not_counted_and_a_redelivery_is(pipe: Pipeline) -> None:
+    sid = pipe.session("counted")
+    job_id = str(uuid.uuid4())
+    key = Keys.from_settings(pipe.settings).fold_attempts(job_id)
+    first = fold_session(_Delivery(pipe.app, job_id, redelivered=False), sid,
+                         trigger="threshold")
+    assert (first["deliveries"], first["outcome"]) == (1, "folded")
+    assert pipe.redis.exists(key) == 0  # nothing was counted for it
+    # The broker hands the same job out again (its worker was lost before the ack): counted.
+    again = fold_session(_Delivery(pipe.app, job_id, redelivered=True), sid,
+                         trigger="threshold")
+    assert again["deliveries"] == 2
+    assert (again["outcome"], again["claim"]) == ("skipped", "already-committed")
+    assert pipe.redis.exists(key) == 0  # ran to its end: the count is cleared
+
+
 def test_a_job_past_its_delivery_cap_is_dead_lettered_unpaid(pipe: Pipeline) -> None:
     sid = pipe.session("poison")
     job_id = str(uuid.uuid4())
     keys = Keys.from_settings(pipe.settings)
-    # As if the job had been delivered max_attempts times already, its worker lost each time.
-    pipe.redis.set(keys.fold_attempts(job_id), pipe.settings.max_attempts)
+    # As if the job had been delivered max_attempts times already, its worker lost each time:
+    # the first delivery plus max_attempts - 1 redeliveries counted; this is the next one.
+    pipe.redis.set(keys.fold_attempts(job_id), pipe.settings.max_attempts - 1)
     calls_before = pipe.provider.stats.calls
-    pipe.app.send_task(FOLD_TASK, args=[sid], kwargs={"trigger": "threshold"}, task_id=job_id)
-    result = pipe.result(job_id)
+    result = fold_session(_Delivery(pipe.app, job_id, redelivered=True), sid,
+                          trigger="threshold")
     assert result["outcome"] == "dead-lettered"
     assert result["deliveries"] == pipe.settings.max_attempts + 1
     (letter,) = [d for d in pipe.store.dead_letters() if d.job_id == job_id]
