@@ -160,10 +160,10 @@ def _wait_folded(store: SessionStore, ids: list[str], timeout_s: float) -> dict[
         time.sleep(0.5)
 
 
-def _group_cpu_s(session: int) -> float:
-    """CPU seconds (user + system) of every live process of Linux session ``session``, with
-    what their reaped children spent: a worker's consumer and its pool children together."""
-    ticks = 0
+def _session_cpu_s(session: int) -> dict[int, float]:
+    """CPU seconds of each live process of Linux session ``session`` (user + system), what its
+    reaped children spent counted under the pid ``-pid``."""
+    ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -174,8 +174,11 @@ def _group_cpu_s(session: int) -> float:
         fields = stat[stat.rindex(")") + 2:].split()
         # After the name: state, ppid, pgrp, session, ..., utime (11), stime, cutime, cstime.
         if int(fields[3]) == session:
-            ticks += sum(int(x) for x in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            pid = int(entry)
+            ticks[pid] = int(fields[11]) + int(fields[12])
+            ticks[-pid] = int(fields[13]) + int(fields[14])
+    hz = os.sysconf("SC_CLK_TCK")
+    return {pid: t / hz for pid, t in ticks.items()}
 
 
 def _batch(app: Any, store: SessionStore, ids: list[str]) -> dict[str, float]:
@@ -247,12 +250,17 @@ def throughput(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
                  rig.workdir / "throughput-worker.log", "ready.") as worker:
         app = make_celery(settings)
         enqueue = make_enqueue(app)
-        cpu_before = _group_cpu_s(worker.pid)
+        cpu_before = _session_cpu_s(worker.pid)
         start = time.time()
         jobs = [enqueue(sid, None, "manual", None) for sid in ids]
         for job in jobs:  # every job ends, whatever its outcome
             app.AsyncResult(job).get(timeout=600, propagate=False)
-        cpu = _group_cpu_s(worker.pid) - cpu_before
+        cpu_after = _session_cpu_s(worker.pid)
+        spent = {pid: cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after}
+        cpu = sum(spent.values())
+        # The consumer is the worker's first process (it leads the session); the rest is the
+        # pool (its children, live or reaped). Solo: all of it is the consumer's.
+        consumer = spent.get(worker.pid, 0.0)
         done = _fold_times(rig.store, ids)
         app.close()
     last = max(done.values()) if done else start
@@ -262,6 +270,8 @@ def throughput(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
             "folds/s": folded / seconds, "messages": len(messages),
             "economics": args.throughput_economics, "worker cpu s": cpu,
             "cpu ms/fold": 1000 * cpu / folded if folded else None,
+            "consumer cpu ms/fold": 1000 * consumer / folded if folded else None,
+            "pool cpu ms/fold": 1000 * (cpu - consumer) / folded if folded else None,
             "folds per cpu-s": folded / cpu if cpu > 0 else None,
             "concurrency": args.throughput_concurrency, "pool": args.throughput_pool}
 
@@ -435,7 +445,8 @@ def _s(value: float | None) -> str:
 def report(result: dict[str, Any]) -> str:
     tp = result["throughput"]
     cpu = ("" if tp.get("cpu ms/fold") is None else
-           f"{tp['cpu ms/fold']:.1f} | {tp['folds per cpu-s']:.1f} |")
+           f"{tp['cpu ms/fold']:.1f} | {tp['consumer cpu ms/fold']:.1f} | "
+           f"{tp['pool cpu ms/fold']:.1f} | {tp['folds per cpu-s']:.1f} |")
     lines = [
         "## Pipeline: folds per worker, and report-to-fold lag (issue 4)",
         "",
@@ -447,11 +458,11 @@ def report(result: dict[str, Any]) -> str:
         f"{', every visit priced' if tp['economics'] == 'dollars' else ''}; the worker's CPU "
         "(consumer and pool, user + system) over the same stretch:",
         "",
-        "| sessions enqueued | folded | seconds | folds/s | worker CPU ms/fold | "
-        "folds per CPU-second |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| sessions enqueued | folded | seconds | folds/s | worker CPU ms/fold | of which "
+        "the consumer | the pool | folds per CPU-second |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {tp['sessions']:,} | {tp['folded']:,} | {tp['seconds']:.2f} | "
-        f"**{tp['folds/s']:.1f}** | {cpu or '– | – |'}",
+        f"**{tp['folds/s']:.1f}** | {cpu or '– | – | – | – |'}",
         "",
     ]
     if "lag" in result:

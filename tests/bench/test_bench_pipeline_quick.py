@@ -55,4 +55,12 @@ def test_throughput_only_on_300_item_windows_reports_the_workers_cpu_per_fold(
     # folds per CPU-second invert.
     assert throughput["worker cpu s"] > 0
     assert throughput["cpu ms/fold"] * throughput["folds per cpu-s"] == pytest.approx(1000)
+    # Split between the consumer and the pool: a solo worker folds in the consumer itself; a
+    # prefork worker's folds run in its child, which spends more than the consumer.
+    consumer, pool_ms = throughput["consumer cpu ms/fold"], throughput["pool cpu ms/fold"]
+    assert consumer + pool_ms == pytest.approx(throughput["cpu ms/fold"])
+    if pool == "solo":
+        assert pool_ms == pytest.approx(0.0, abs=1e-9) and consumer > 0
+    else:
+        assert pool_ms > consumer > 0
     assert "291-message windows, every visit priced" in out.read_text()
