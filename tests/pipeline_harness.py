@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx2
 import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
@@ -87,6 +88,36 @@ def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def started_flower(request: pytest.FixtureRequest, settings: Settings,
+                   log_path: Path) -> tuple[PipelineProcess, str]:
+    """``sessionfold flower`` on ``settings`` (its port set), stopped when the test ends at the
+    latest: the process and its base URL, once it answers."""
+    proc = started(request, PipelineProcess(["flower"], child_env(settings), log_path,
+                                            "sessionfold flower:"))
+    url = f"http://127.0.0.1:{settings.flower_port}"
+    wait_until(lambda: _answers(f"{url}/healthcheck"), timeout_s=60, what="Flower to answer")
+    return proc, url
+
+
+def flower_lists(flower_url: str, job_id: str) -> dict[str, Any]:
+    """The job as Flower's API lists it, once it shows the job succeeded."""
+
+    def listed() -> dict[str, Any] | None:
+        tasks = httpx2.get(f"{flower_url}/api/tasks", timeout=5).json()
+        task: dict[str, Any] | None = tasks.get(job_id)
+        return task if task and task.get("state") == "SUCCESS" else None
+
+    found: dict[str, Any] = wait_until(listed, timeout_s=60, what="Flower to list the job")
+    return found
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx2.get(url, timeout=2).status_code == 200
+    except httpx2.HTTPError:
+        return False
 
 
 # --- child processes --------------------------------------------------------------------------

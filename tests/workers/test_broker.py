@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
 from kombu.transport import redis as kombu_redis
 from pipeline_harness import (
-    PipelineProcess,
-    child_env,
+    flower_lists,
     free_port,
     started,
+    started_flower,
     transcript_session,
     wait_until,
     worker_process,
@@ -93,11 +92,7 @@ def test_a_worker_and_flower_on_a_redis_broker_fold_and_list_the_job(
         conv = transcript_session("django__django-15554", 60)
         store.create_session("s1", FoldPolicy(budget_tokens=8000), conv.system)
         store.append("s1", conv.messages)
-    started(request, PipelineProcess(
-        ["flower"], child_env(settings), tmp_path / "flower.log", "sessionfold flower:"))
-    flower_url = f"http://127.0.0.1:{settings.flower_port}"
-    wait_until(lambda: _answers(f"{flower_url}/healthcheck"), timeout_s=60,
-               what="Flower to answer")
+    _, flower_url = started_flower(request, settings, tmp_path / "flower.log")
     started(request, worker_process(settings, tmp_path / "worker.log"))
     app = make_celery(settings)
     job_id = make_enqueue(app)("s1", None, "manual", None)
@@ -105,12 +100,7 @@ def test_a_worker_and_flower_on_a_redis_broker_fold_and_list_the_job(
     assert result["session"] == "s1" and result["outcome"] == "folded"
     assert result["deliveries"] == 1
 
-    def listed() -> dict[str, Any] | None:
-        tasks = httpx2.get(f"{flower_url}/api/tasks", timeout=5).json()
-        task = tasks.get(job_id)
-        return task if task and task.get("state") == "SUCCESS" else None
-
-    task = wait_until(listed, timeout_s=60, what="Flower to list the fold")
+    task = flower_lists(flower_url, job_id)
     assert "s1" in task["args"] and "folded" in task["result"]
     assert task["received"] and task["started"]  # from the events, not the result backend
     queues = httpx2.get(f"{flower_url}/api/queues/length", timeout=10).json()
@@ -125,9 +115,3 @@ def test_a_worker_and_flower_on_a_redis_broker_fold_and_list_the_job(
     wait_until(acknowledged, timeout_s=30, what="the job to be acknowledged")
     app.close()
 
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx2.get(url, timeout=2).status_code == 200
-    except httpx2.HTTPError:
-        return False

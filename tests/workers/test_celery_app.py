@@ -6,18 +6,15 @@ import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import httpx2
 import pytest
 import redis
 from pipeline_harness import (
-    PipelineProcess,
-    child_env,
+    flower_lists,
     free_port,
     started,
+    started_flower,
     transcript_session,
-    wait_until,
     worker_process,
 )
 from sessionfold.core.errors import InvalidInputError
@@ -117,11 +114,7 @@ def test_worker_on_the_embedded_redis_folds_and_flower_lists_it(
             conv = transcript_session("django__django-15554", 60)
             store.create_session("s1", FoldPolicy(budget_tokens=8000), conv.system)
             store.append("s1", conv.messages)
-        flower = started(request, PipelineProcess(
-            ["flower"], child_env(settings), tmp_path / "flower.log", "sessionfold flower:"))
-        flower_url = f"http://127.0.0.1:{settings.flower_port}"
-        wait_until(lambda: _answers(f"{flower_url}/healthcheck"), timeout_s=60,
-                   what="Flower to answer")
+        flower, flower_url = started_flower(request, settings, tmp_path / "flower.log")
         worker = started(request, worker_process(settings, tmp_path / "worker.log",
                                                  concurrency=2))
         app = make_celery(settings, redis_url=url)
@@ -132,12 +125,7 @@ def test_worker_on_the_embedded_redis_folds_and_flower_lists_it(
         with SessionStore.from_url(settings.database_url) as store:
             assert len(store.spans("s1")) == result["spans"] >= 1
 
-        def listed() -> dict[str, Any] | None:
-            tasks = httpx2.get(f"{flower_url}/api/tasks", timeout=5).json()
-            task = tasks.get(job_id)
-            return task if task and task.get("state") == "SUCCESS" else None
-
-        task = wait_until(listed, timeout_s=60, what="Flower to list the fold")
+        task = flower_lists(flower_url, job_id)
         assert "s1" in task["args"] and "folded" in task["result"]
         worker.stop()
         flower.stop()
@@ -147,9 +135,3 @@ def test_worker_on_the_embedded_redis_folds_and_flower_lists_it(
     finally:
         embedded.stop()
 
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx2.get(url, timeout=2).status_code == 200
-    except httpx2.HTTPError:
-        return False
