@@ -11,8 +11,9 @@
    failure. Only a redelivery is counted: both brokers mark a message they hand out again
    (RabbitMQ's ``redelivered`` flag; kombu's Redis transport sets it when it restores an
    unacknowledged message), so a job's first delivery is number 1 without a word to Redis, and
-   the count it keeps is of the redeliveries. (A first delivery costs no round trips for it;
-   the store's count of abandoned claims, below, caps lost workers even without that flag.)
+   the count it keeps is of the redeliveries: a first delivery costs no round trip for it. (The
+   store's count of abandoned claims, below, caps folds that keep dying while they hold the
+   claim, whatever the flag says.)
 2. Run the shared fold procedure (:func:`~sessionfold.workers.fold_procedure.run_fold`): claim in
    the store (a redelivery of a committed job, a duplicate, or a job overtaken by a newer claim
    stops here, before any summarizer call), fold, commit. The summarizer is the worker's guarded
