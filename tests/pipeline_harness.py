@@ -31,6 +31,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 from sessionfold.core.messages import Conversation, load_conversation_file
+from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import create_store_engine
 from sessionfold.workers.settings import Settings, env_name
@@ -88,6 +89,16 @@ def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def seeded_store(database_url: str, sid: str, *, messages: int = 60) -> None:
+    """Migrate the store at ``database_url`` and add ``sid``: the first ``messages`` messages
+    of django__django-15554 under an 8,000-token budget (over its trigger at 60)."""
+    with SessionStore.from_url(database_url) as store:
+        store.migrate()
+        conv = transcript_session("django__django-15554", messages)
+        store.create_session(sid, FoldPolicy(budget_tokens=8000), conv.system)
+        store.append(sid, conv.messages)
 
 
 def started_flower(request: pytest.FixtureRequest, settings: Settings,

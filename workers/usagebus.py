@@ -463,6 +463,16 @@ _s_entry_id, _s_entry_event, _s_entry_partition = (
     StreamEntry.__dict__[f.name].__set__ for f in dataclass_fields(StreamEntry))
 
 
+def _stream_entry(entry_id: bytes, payload: bytes, partition: int) -> StreamEntry:
+    """``StreamEntry(entry_id, UsageEvent.from_payload(payload), partition)``, built by the
+    slots' setters (the frozen dataclass's ``__init__`` goes through ``object.__setattr__``)."""
+    entry = _new_object(StreamEntry)
+    _s_entry_id(entry, entry_id)
+    _s_entry_event(entry, UsageEvent.from_payload(payload))
+    _s_entry_partition(entry, partition)
+    return entry
+
+
 def _default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -729,18 +739,12 @@ class UsageConsumer:
             try:
                 if type(fields) is list:
                     if len(fields) == 2 and fields[0] == FIELD:  # a usage event: the usual
-                        # (StreamEntry(entry_id, event, partition), by the slots' setters)
-                        entry = _new_object(StreamEntry)
-                        _s_entry_id(entry, entry_id)
-                        _s_entry_event(entry, UsageEvent.from_payload(fields[1]))
-                        _s_entry_partition(entry, partition)
-                        entries.append(entry)
+                        entries.append(_stream_entry(entry_id, fields[1], partition))
                         continue
                     fields = dict(zip(fields[::2], fields[1::2], strict=False))
                 payload = fields.get(FIELD)
                 if payload is not None:
-                    entries.append(StreamEntry(entry_id, UsageEvent.from_payload(payload),
-                                               partition))
+                    entries.append(_stream_entry(entry_id, payload, partition))
                 elif FOLD_FIELD in fields:
                     self._fold(FoldEvent.from_fields(fields))
                     counted.append(entry_id)

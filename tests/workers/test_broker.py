@@ -13,14 +13,12 @@ from kombu.transport import redis as kombu_redis
 from pipeline_harness import (
     flower_lists,
     free_port,
+    seeded_store,
     started,
     started_flower,
-    transcript_session,
     wait_until,
     worker_process,
 )
-from sessionfold.core.policy import FoldPolicy
-from sessionfold.store import SessionStore
 from sessionfold.workers.broker import Channel, Transport, uses_shared_client
 from sessionfold.workers.celery_app import make_celery, make_enqueue
 from sessionfold.workers.keys import FOLD_QUEUE
@@ -87,11 +85,7 @@ def test_a_worker_and_flower_on_a_redis_broker_fold_and_list_the_job(
     with its session (from the events) and its outcome, and reads the queue's length."""
     settings = make_settings(metrics_port=0, flower_port=free_port())
     assert uses_shared_client(settings.redis_url or "")
-    with SessionStore.from_url(settings.database_url) as store:
-        store.migrate()
-        conv = transcript_session("django__django-15554", 60)
-        store.create_session("s1", FoldPolicy(budget_tokens=8000), conv.system)
-        store.append("s1", conv.messages)
+    seeded_store(settings.database_url, "s1")
     _, flower_url = started_flower(request, settings, tmp_path / "flower.log")
     started(request, worker_process(settings, tmp_path / "worker.log"))
     app = make_celery(settings)

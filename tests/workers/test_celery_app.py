@@ -12,13 +12,12 @@ import redis
 from pipeline_harness import (
     flower_lists,
     free_port,
+    seeded_store,
     started,
     started_flower,
-    transcript_session,
     worker_process,
 )
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import (
     FOLD_TASK,
@@ -109,11 +108,7 @@ def test_worker_on_the_embedded_redis_folds_and_flower_lists_it(
     embedded = EmbeddedRedis(data_dir / "redis")
     url = embedded.start()
     try:
-        with SessionStore.from_url(settings.database_url) as store:
-            store.migrate()
-            conv = transcript_session("django__django-15554", 60)
-            store.create_session("s1", FoldPolicy(budget_tokens=8000), conv.system)
-            store.append("s1", conv.messages)
+        seeded_store(settings.database_url, "s1")
         flower, flower_url = started_flower(request, settings, tmp_path / "flower.log")
         worker = started(request, worker_process(settings, tmp_path / "worker.log",
                                                  concurrency=2))
