@@ -53,10 +53,13 @@ YOUNG_GC_THRESHOLD = 10_000
 def freeze_startup_objects() -> None:
     """Move every object alive now into the collector's permanent generation.
 
-    Called once start-up is done (a worker child after the fork, the scheduler before its
-    loop): the objects made by imports and set-up live as long as the process, and a full
-    collection that walks them costs ~0.5 µs each (tens of ms with Celery loaded) for nothing.
-    Collect first so that start-up garbage is not frozen with them.
+    Called once start-up is done (a worker's main process before its pool forks, each pool
+    child after the fork, the scheduler before its loop): the objects made by imports and
+    set-up live as long as the process, and a full collection that walks them costs ~0.5 µs
+    each (tens of ms with Celery loaded) for nothing. Collect first so that start-up garbage is
+    not frozen with them. Frozen in the worker's main process, the heap a child inherits is not
+    walked by the child's own collections either: a walk writes to every object it visits, so
+    each child kept a private copy of the parent's heap (bench/RESULTS.md, "Pool children").
 
     The youngest generation's threshold is raised from Python's 700 allocations to
     :data:`YOUNG_GC_THRESHOLD`: a fold of a 300-item window makes ~20,000 objects that live as

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import gc
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
+from celery.signals import worker_init  # type: ignore[import-untyped]
 from pipeline_harness import (
     flower_lists,
     free_port,
@@ -17,6 +20,7 @@ from pipeline_harness import (
     started_flower,
     worker_process,
 )
+from sessionfold.core import tokens
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import (
@@ -29,6 +33,7 @@ from sessionfold.workers.celery_app import (
 )
 from sessionfold.workers.keys import FOLD_QUEUE, Keys
 from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
+from sessionfold.workers.runtime import YOUNG_GC_THRESHOLD
 from sessionfold.workers.settings import Settings
 
 
@@ -78,6 +83,33 @@ def test_enqueue_sends_one_json_message_to_the_prefixed_queue(
     args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
     assert args == ["s1"]
     assert kwargs == {"enqueued_epoch": 4, "trigger": "threshold", "lock_token": "lock-token-1"}
+
+
+def test_worker_settles_before_its_pool_forks(make_settings: Callable[..., Settings]) -> None:
+    # worker_init is sent in the worker's main process before the pool starts: what it builds
+    # and freezes, every child inherits. Run in a child of the test process (freezing the heap
+    # and raising the collector's threshold must not leak into the test session).
+    app = make_celery(make_settings())
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            tokens._encoding.cache_clear()
+            worker_init.send(sender=None)
+            settled = (tokens._encoding.cache_info().currsize == 1
+                       and gc.get_freeze_count() > 0
+                       and gc.get_threshold()[0] == YOUNG_GC_THRESHOLD)
+            pool_child = os.fork()
+            if pool_child == 0:  # finds the tokenizer built: no second build
+                os._exit(0 if tokens._encoding.cache_info().misses == 1
+                         and tokens.count_text("a fold") > 0 else 1)
+            _, status = os.waitpid(pool_child, 0)
+            code = 0 if settled and os.waitstatus_to_exitcode(status) == 0 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    app.close()
 
 
 def test_runtime_belongs_to_its_app_and_forgets_connections_after_fork(
