@@ -76,7 +76,12 @@ from .layers import (
 )
 from .messages import Message, SummaryMark, check_tool_pairing, parse_message
 from .policy import FoldPolicy
-from .retention import check_retention, excerpts, extract_identifiers
+from .retention import (
+    check_retention,
+    excerpts,
+    extract_identifiers,
+    identifiers_remembered,
+)
 from .summarizers import Summarizer
 from .tokens import Calibration, TokenCounter, count_text, default_counter
 from .turns import (
@@ -635,27 +640,29 @@ class _Planner:
         # recall exchanges are copies of ledger rows, the summarizer is not given them.
         groups = [list(t.items) for t in (turns[1:] if head is not None else turns)
                   if not t.is_recall]
-        identifiers = extract_identifiers(
-            [i.message for g in groups for i in g if i.kind == "message"],
-            exclude=previous or "", limit=RETENTION_LIMIT)
         paid = _Paid()
-        try:
-            text = self.chain(summarizer, groups, previous, (), paid)
-            check = check_retention(text, identifiers, self.policy.retention_min)
-            if not check.ok:
-                # Once more, naming what went missing; keep whichever answer kept more.
-                text2 = self.repair(summarizer, groups, previous, text, check.missing, paid)
-                check2 = check_retention(text2, identifiers, self.policy.retention_min)
-                if check2.ratio >= check.ratio:
-                    text, check = text2, check2
-        except (TransientSummarizerError, PermanentSummarizerError) as exc:
-            kind = "transient" if isinstance(exc, TransientSummarizerError) else "permanent"
-            return _SpanFold(error=exc, refusal=Refusal(
-                reason="summarizer-failed", start_seq=start, end_seq=end,
-                detail=f"{kind}: {exc}",
-            ))
-        finally:
-            self.usage = self.usage + paid.usage  # paid for, whatever came of it
+        # The extractive summarizer reads the span's identifiers again: once is enough.
+        with identifiers_remembered():
+            identifiers = extract_identifiers(
+                [i.message for g in groups for i in g if i.kind == "message"],
+                exclude=previous or "", limit=RETENTION_LIMIT)
+            try:
+                text = self.chain(summarizer, groups, previous, (), paid)
+                check = check_retention(text, identifiers, self.policy.retention_min)
+                if not check.ok:
+                    # Once more, naming what went missing; keep whichever answer kept more.
+                    text2 = self.repair(summarizer, groups, previous, text, check.missing, paid)
+                    check2 = check_retention(text2, identifiers, self.policy.retention_min)
+                    if check2.ratio >= check.ratio:
+                        text, check = text2, check2
+            except (TransientSummarizerError, PermanentSummarizerError) as exc:
+                kind = "transient" if isinstance(exc, TransientSummarizerError) else "permanent"
+                return _SpanFold(error=exc, refusal=Refusal(
+                    reason="summarizer-failed", start_seq=start, end_seq=end,
+                    detail=f"{kind}: {exc}",
+                ))
+            finally:
+                self.usage = self.usage + paid.usage  # paid for, whatever came of it
         retained = self.policy.retain == "ledger"
         message = summary_message(text, start_seq=start, end_seq=end, message_count=count,
                                   model=summarizer.model, retained=retained)

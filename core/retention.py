@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -41,6 +43,7 @@ __all__ = [
     "excerpts",
     "extract_identifiers",
     "find_identifiers",
+    "identifiers_remembered",
     "mentions",
 ]
 
@@ -204,6 +207,28 @@ def _authored_text(message: Message) -> Iterator[str]:
             yield from _strings(block.input)
 
 
+#: Inside :func:`identifiers_remembered`: the ranked identifiers of each message list asked for,
+#: by the identities of its messages (the list is kept with them, so no identity is reused).
+_REMEMBERED: ContextVar[dict[tuple[int, ...], tuple[tuple[Message, ...], list[str]]] | None] = (
+    ContextVar("sessionfold_remembered_identifiers", default=None))
+
+
+@contextmanager
+def identifiers_remembered() -> Iterator[None]:
+    """Within the block, :func:`extract_identifiers` reads the same messages once.
+
+    A planner summarizing a span asks for the span's identifiers (the retention check's list)
+    and the extractive summarizer asks again for the same message objects; the second answer
+    comes from memory. Only the same objects in the same order match, and only inside the
+    block, where the caller does not change the messages it passes.
+    """
+    token = _REMEMBERED.set({})
+    try:
+        yield
+    finally:
+        _REMEMBERED.reset(token)
+
+
 def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
                         limit: int = 40) -> list[str]:
     """The identifiers ``messages`` named, the most recurring first, at most ``limit``.
@@ -213,19 +238,30 @@ def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    authored = tuple(m for m in messages if not isinstance(m, EarlierFold))
+    remembered = _REMEMBERED.get()
+    key = tuple(map(id, authored)) if remembered is not None else ()
+    hit = remembered.get(key) if remembered is not None else None
+    if hit is not None:
+        ranked = hit[1]
+    else:
+        ranked = _ranked_identifiers(authored)
+        if remembered is not None:
+            remembered[key] = (authored, ranked)
+    if exclude:
+        ranked = [t for t in ranked if not mentions(exclude, t)]
+    return ranked[:limit]
+
+
+def _ranked_identifiers(messages: Sequence[Message]) -> list[str]:
     counts: Counter[str] = Counter()
     first: dict[str, int] = {}
     for message in messages:
-        if isinstance(message, EarlierFold):
-            continue
         for text in _authored_text(message):
             for token in find_identifiers(text):
                 counts[token] += 1
                 first.setdefault(token, len(first))
-    ranked = sorted(counts, key=lambda t: (-counts[t], first[t]))
-    if exclude:
-        ranked = [t for t in ranked if not mentions(exclude, t)]
-    return ranked[:limit]
+    return sorted(counts, key=lambda t: (-counts[t], first[t]))
 
 
 @lru_cache(maxsize=4096)

@@ -22,6 +22,7 @@ from sessionfold.core.retention import (
     excerpts,
     extract_identifiers,
     find_identifiers,
+    identifiers_remembered,
     mentions,
 )
 from sessionfold.core.window import WindowItem
@@ -300,6 +301,41 @@ def test_remembered_results_are_copies() -> None:
     first = find_identifiers(text)
     first.append("mutated")
     assert find_identifiers(text) == ["ACCT-8842", "docs/runbook.md"]
+
+
+def test_a_span_read_twice_in_a_remembering_block_is_scanned_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sessionfold.core.retention as retention
+
+    scans: list[int] = []
+    ranked = retention._ranked_identifiers
+
+    def counted(messages: list[Message]) -> list[str]:
+        scans.append(len(messages))
+        return ranked(messages)
+
+    monkeypatch.setattr(retention, "_ranked_identifiers", counted)
+    messages = span()
+    earlier = EarlierFold.of(WindowItem(start_seq=0, end_seq=5, kind="summary", message=(
+        summary_message("Worked on OLD-1", start_seq=0, end_seq=5, message_count=6,
+                        model="m"))))
+    with identifiers_remembered():
+        full = extract_identifiers(messages)
+        # The same messages (an earlier fold among them is skipped either way), each call's
+        # own exclude and limit applied to the remembered ranking, a caller's edit not kept.
+        assert extract_identifiers([earlier, *messages], limit=2) == full[:2]
+        assert extract_identifiers(messages, exclude="ACCT-8842") == full[1:]
+        extract_identifiers(messages).append("mutated")
+        assert extract_identifiers(messages) == full
+        assert len(scans) == 1
+        # Other messages, or the same ones in another order, are scanned.
+        assert extract_identifiers(messages[:2]) == ranked(messages[:2])
+        extract_identifiers(messages[::-1])
+        assert len(scans) == 3
+    extract_identifiers(messages)  # outside the block nothing is remembered
+    assert len(scans) == 4
+    assert full == ["ACCT-8842", "billing/refunds.py", "PROJ-12", "#77", "/srv/app/x.cfg",
+                    "INC0012345"]
 
 
 # --- excerpts: what a summary repair reads ---------------------------------------------------
