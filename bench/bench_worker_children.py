@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_pipeline import THROUGHPUT_WINDOWS, _sessions, process
+from bench_pipeline import THROUGHPUT_WINDOWS, _exit_on_sigterm, _sessions, process
 from sessionfold.core.messages import load_conversation_file
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery, make_enqueue
@@ -151,6 +152,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # the worker is stopped on the way out
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--folds", type=int, default=200,
