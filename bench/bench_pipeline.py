@@ -160,6 +160,13 @@ def _wait_folded(store: SessionStore, ids: list[str], timeout_s: float) -> dict[
         time.sleep(0.5)
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the process's name: state, ppid, pgrp, session,
+    ..., utime (11), stime, cutime, cstime (clock ticks). OSError once the process is gone."""
+    stat = Path("/proc", str(pid), "stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _session_cpu_s(session: int) -> dict[int, float]:
     """CPU seconds of each live process of Linux session ``session`` (user + system), what its
     reaped children spent counted under the pid ``-pid``."""
@@ -168,11 +175,9 @@ def _session_cpu_s(session: int) -> dict[int, float]:
         if not entry.isdigit():
             continue
         try:
-            stat = Path("/proc", entry, "stat").read_text()
+            fields = proc_stat(entry)
         except OSError:  # gone since the listing
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        # After the name: state, ppid, pgrp, session, ..., utime (11), stime, cutime, cstime.
         if int(fields[3]) == session:
             pid = int(entry)
             ticks[pid] = int(fields[11]) + int(fields[12])

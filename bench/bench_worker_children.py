@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_pipeline import THROUGHPUT_WINDOWS, _exit_on_sigterm, _sessions, process
+from bench_pipeline import THROUGHPUT_WINDOWS, _exit_on_sigterm, _sessions, proc_stat, process
 from sessionfold.core.messages import load_conversation_file
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery, make_enqueue
@@ -58,8 +58,7 @@ def child_pids(pid: int) -> list[int]:
 
 def child_state(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) and private dirty and PSS memory in MB of process ``pid``."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = proc_stat(pid)
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     memory: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:

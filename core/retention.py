@@ -240,14 +240,14 @@ def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
         raise ValueError(f"limit must be >= 0, got {limit}")
     authored = tuple(m for m in messages if not isinstance(m, EarlierFold))
     remembered = _REMEMBERED.get()
-    key = tuple(map(id, authored)) if remembered is not None else ()
-    hit = remembered.get(key) if remembered is not None else None
-    if hit is not None:
-        ranked = hit[1]
-    else:
+    if remembered is None:
         ranked = _ranked_identifiers(authored)
-        if remembered is not None:
-            remembered[key] = (authored, ranked)
+    else:
+        key = tuple(map(id, authored))
+        hit = remembered.get(key)
+        if hit is None:
+            hit = remembered[key] = (authored, _ranked_identifiers(authored))
+        ranked = hit[1]
     if exclude:
         ranked = [t for t in ranked if not mentions(exclude, t)]
     return ranked[:limit]
