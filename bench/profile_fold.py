@@ -117,7 +117,6 @@ def _sessions(store: Any, messages: list[Any], system: str, n: int,
     # economics="window" (the default): the fold always happens (this measures what a fold
     # costs, not whether one pays). "dollars": the visit is priced first, as a worker prices a
     # default policy's visits (at twice the budget every priced visit here folds).
-    # whether one pays).
     policy = FoldPolicy(budget_tokens=max(1000, int(estimate / OVER)),
                         economics=economics)  # type: ignore[arg-type]
     ids = []
