@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profile_fold import SIZES, TRANSCRIPTS, _sessions
+from profile_fold import SIZES, folding_sessions
 
 CONDITIONS = ("plain", "celery-heap", "cache-flush", "pause")
 #: Bytes written between two folds by ``cache-flush``: more than L1 and L2 together.
@@ -46,12 +46,11 @@ FLUSH_BYTES = 8 << 20
 #: A cache line: ``cache-flush`` writes one byte of each.
 LINE = 64
 PAUSE_S = 0.010
-#: What ``celery-heap`` built: kept alive for the run, as a child keeps its app.
-_KEEP: list[Any] = []
 
 
-def _celery_heap() -> None:
-    """Build what a pool child holds: the app and the modules of the worker and its pool."""
+def _celery_heap() -> Any:
+    """What a pool child holds: the app (returned: keep it for the run, as a child keeps its
+    app), and the modules of the worker and its pool imported."""
     import celery.concurrency.prefork
     import celery.worker  # noqa: F401
     import kombu.transport.redis  # noqa: F401
@@ -62,45 +61,33 @@ def _celery_heap() -> None:
     app = make_celery(Settings(summarizer="offline", anthropic_api_key=None),
                       redis_url="redis://127.0.0.1:6379/0")
     app.loader.import_default_modules()
-    _KEEP.append(app)
+    return app
 
 
 def one(condition: str, messages: int, folds: int) -> dict[str, Any]:
     """Fold ``folds`` sessions under ``condition`` in this process; CPU ms of each fold."""
-    from sessionfold.core.messages import load_conversation_file
     from sessionfold.core.summarizers import ExtractiveSummarizer
-    from sessionfold.store import SessionStore
     from sessionfold.workers.fold_procedure import FoldJob, run_fold
-    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE, freeze_startup_objects
 
-    if condition == "celery-heap":
-        _celery_heap()
+    app = _celery_heap() if condition == "celery-heap" else None
     label, transcript, n = next(s for s in SIZES if s[2] == messages)
-    conv = load_conversation_file(TRANSCRIPTS / transcript)
     scratch = bytearray(FLUSH_BYTES) if condition == "cache-flush" else None
-    with tempfile.TemporaryDirectory(prefix="sf-fold-conditions-") as tmp:
-        store = SessionStore.from_url(f"sqlite:///{Path(tmp) / 'store.db'}",
-                                      item_cache=FOLD_WORKER_ITEM_CACHE)
-        try:
-            store.migrate()
-            summarizer = ExtractiveSummarizer()
-            ids, _ = _sessions(store, conv.messages[:n], conv.system, 1 + folds)
-            run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"))
-            freeze_startup_objects()  # as a worker child does once it is set up
-            cpu: list[float] = []
-            folded = 0
-            for i, sid in enumerate(ids[1:]):
-                if scratch is not None:
-                    for k in range(0, FLUSH_BYTES, LINE):
-                        scratch[k] ^= 1
-                elif condition == "pause":
-                    time.sleep(PAUSE_S)
-                c0 = time.process_time()
-                report = run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"j{i}"))
-                cpu.append((time.process_time() - c0) * 1000)
-                folded += report.outcome == "folded"
-        finally:
-            store.close()
+    summarizer = ExtractiveSummarizer()
+    cpu: list[float] = []
+    folded = 0
+    with tempfile.TemporaryDirectory(prefix="sf-fold-conditions-") as tmp, folding_sessions(
+            f"sqlite:///{Path(tmp) / 'store.db'}", transcript, n, folds, summarizer) as ready:
+        for i, sid in enumerate(ready.ids):
+            if scratch is not None:
+                for k in range(0, FLUSH_BYTES, LINE):
+                    scratch[k] ^= 1
+            elif condition == "pause":
+                time.sleep(PAUSE_S)
+            c0 = time.process_time()
+            report = run_fold(ready.store, summarizer, FoldJob(session_id=sid, job_id=f"j{i}"))
+            cpu.append((time.process_time() - c0) * 1000)
+            folded += report.outcome == "folded"
+    del app  # held until the folds are done
     return {"condition": condition, "label": label, "folds": len(cpu), "folded": folded,
             "cpu_median_ms": round(statistics.median(cpu), 2)}
 

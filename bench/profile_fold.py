@@ -41,6 +41,8 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,19 +173,49 @@ def _module_name(path: str, repo: Path) -> str:
     return "sessionfold." + ".".join(rel.with_suffix("").parts)
 
 
-def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
-            profile: bool, settle: bool = True, economics: str = "window") -> SizeResult:
+@dataclass(frozen=True)
+class Folding:
+    """Sessions ready to fold (:func:`folding_sessions`)."""
+
+    store: Any
+    ids: list[str]
+    items: int  # messages each session holds
+    tokens_before: int  # each session's estimated tokens
+
+
+@contextmanager
+def folding_sessions(url: str, transcript: str, n_messages: int, count: int, summarizer: Any,
+                     *, economics: str = "window", pricing: Any = None,
+                     settle: bool = True) -> Iterator[Folding]:
+    """The store at ``url`` opened as a fold worker opens it (no decoded items kept), and
+    ``count`` sessions over their trigger, each the first ``n_messages`` of ``transcript``.
+    One more session is folded first, untimed
+    (imports, caches and the SQLite page cache warm up), and with ``settle`` the collector is
+    then settled as a worker child settles it. The store is closed on the way out."""
     from sessionfold.core.messages import load_conversation_file
-    from sessionfold.core.summarizers import ExtractiveSummarizer
     from sessionfold.store import SessionStore
     from sessionfold.workers.fold_procedure import FoldJob, run_fold
-    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE
+    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE, freeze_startup_objects
 
     conv = load_conversation_file(TRANSCRIPTS / transcript)
     messages = conv.messages[:n_messages]
-    # The store as a fold worker opens it (workers.runtime): no decoded items kept.
     store = SessionStore.from_url(url, item_cache=FOLD_WORKER_ITEM_CACHE)
-    store.migrate()
+    try:
+        store.migrate()
+        ids, estimate = _sessions(store, messages, conv.system, 1 + count, economics)
+        run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"), pricing=pricing)
+        if settle:
+            freeze_startup_objects()
+        yield Folding(store, ids[1:], len(messages), estimate)
+    finally:
+        store.close()
+
+
+def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
+            profile: bool, settle: bool = True, economics: str = "window") -> SizeResult:
+    from sessionfold.core.summarizers import ExtractiveSummarizer
+    from sessionfold.workers.fold_procedure import FoldJob, run_fold
+
     summarizer = _Timed(ExtractiveSummarizer())
     pricing = None
     if economics == "dollars":  # what a worker prices a default policy's visits with
@@ -191,18 +223,13 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
         from sessionfold.workers.settings import Settings
 
         pricing = fold_pricing(Settings(summarizer="offline", anthropic_api_key=None))
-    try:
-        # Timed folds run unprofiled; the profile is taken over as many other sessions.
-        n_profiled = folds if profile else 0
-        ids, estimate = _sessions(store, messages, conv.system, 1 + folds + n_profiled,
-                                  economics)
-        # One untimed fold first: imports, caches and the SQLite page cache warm up.
-        run_fold(store, summarizer, FoldJob(session_id=ids[0], job_id="warm"), pricing=pricing)
-        if settle:  # as a worker child does once it is set up
-            from sessionfold.workers.runtime import freeze_startup_objects
-
-            freeze_startup_objects()
-        timed, profiled = ids[1:1 + folds], ids[1 + folds:]
+    # Timed folds run unprofiled; the profile is taken over as many other sessions.
+    n_profiled = folds if profile else 0
+    with folding_sessions(url, transcript, n_messages, folds + n_profiled, summarizer,
+                          economics=economics, pricing=pricing,
+                          settle=settle) as ready:
+        store = ready.store
+        timed, profiled = ready.ids[:folds], ready.ids[folds:]
         cpu: list[float] = []
         wall: list[float] = []
         own: list[float] = []  # the summarizer's share of each fold's CPU
@@ -230,7 +257,7 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             by_module, by_function = _profile_tables(profiler.last_session, REPO)
         cpu_ms = sorted(c * 1000 for c in cpu)
         return SizeResult(
-            label=label, items=len(messages), tokens_before=estimate, folds=len(cpu),
+            label=label, items=ready.items, tokens_before=ready.tokens_before, folds=len(cpu),
             folded=folded, cpu_median_ms=round(statistics.median(cpu_ms), 2),
             cpu_p90_ms=round(cpu_ms[int(0.9 * (len(cpu_ms) - 1))], 2),
             wall_median_ms=round(statistics.median(wall) * 1000, 2),
@@ -238,8 +265,6 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             without_summarizer_median_ms=round(
                 statistics.median((c - o) * 1000 for c, o in zip(cpu, own, strict=True)), 2),
             by_module=by_module, by_function=by_function)
-    finally:
-        store.close()
 
 
 def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) -> str:
