@@ -10,7 +10,11 @@ this process, on sessions over their trigger made from a shipped transcript, wit
   is not counted), median and p90, and the folds per CPU-second that makes;
 - a pyinstrument profile of the same folds, summed by module and by function (self time), so
   the table says which part of the fold (planning, token counting, identifier extraction, the
-  store's read and commit, JSON) costs what.
+  store's read and commit, JSON) costs what;
+- the CPU of each of the procedure's three steps (claim and read, plan, commit), and what the
+  first fold did with the items it read: how many went into a summary (the summarizer read
+  them), were rewritten and kept, or were left as they were. That is the bound on any plan that
+  would decode only the items it changes.
 
 Two window sizes by default: the first 40 messages of django__django-15554 (the pipeline
 bench's sessions) and all 291 messages of django__django-16560 (about 300 items), each folded
@@ -43,7 +47,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +75,12 @@ class SizeResult:
     without_summarizer_median_ms: float
     by_module: list[tuple[str, float]]
     by_function: list[tuple[str, float]]
+    #: Median CPU ms of each step of the timed folds (:data:`STEPS`), and the median share of a
+    #: fold's CPU the three take together (the rest: the procedure's own glue).
+    steps_median_ms: dict[str, float] = field(default_factory=dict)
+    steps_share: float = 0.0
+    #: What the first timed fold did with the window's items (:func:`touched`).
+    touched: dict[str, int] = field(default_factory=dict)
 
     @property
     def folds_per_cpu_s(self) -> float:
@@ -83,7 +93,9 @@ class SizeResult:
                 "wall_median_ms": self.wall_median_ms, "folds_per_cpu_s": self.folds_per_cpu_s,
                 "summarizer_median_ms": self.summarizer_median_ms,
                 "without_summarizer_median_ms": self.without_summarizer_median_ms,
-                "by_module": self.by_module, "by_function": self.by_function}
+                "by_module": self.by_module, "by_function": self.by_function,
+                "steps_median_ms": self.steps_median_ms, "steps_share": self.steps_share,
+                "touched": self.touched}
 
 
 class _Timed:
@@ -211,6 +223,76 @@ def folding_sessions(url: str, transcript: str, n_messages: int, count: int, sum
         store.close()
 
 
+#: The fold procedure's three steps, as ``workers.fold_procedure`` names them: the claim and the
+#: read (``store.begin_fold``), the plan (``core.compact.fold_window``, the summarizer inside)
+#: and the commit (``store.finish_fold``).
+STEPS = ("begin", "plan", "finish")
+
+
+class _Steps:
+    """CPU time of each step of the folds run while it is on (:meth:`timing`), fold by fold;
+    and the last plan's window and result, for :func:`touched`."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+        self.plan_args: tuple[Any, Any] | None = None  # (items, FoldResult)
+
+    def take(self) -> dict[str, float]:
+        """The CPU seconds of each step since the last take."""
+        spent, self.spent = self.spent, dict.fromkeys(STEPS, 0.0)
+        return spent
+
+    def _timed(self, step: str, call: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                result = call(*args, **kwargs)
+            finally:
+                self.spent[step] += time.process_time() - start
+            if step == "plan":
+                self.plan_args = (args[0], result)
+            return result
+        return timed
+
+    @contextmanager
+    def timing(self, store: Any) -> Iterator[_Steps]:
+        """Count the steps of the folds run on ``store`` inside the block (its two methods and
+        the procedure's planner wrapped, and put back on the way out)."""
+        from sessionfold.workers import fold_procedure
+
+        plan = fold_procedure.fold_window
+        fold_procedure.fold_window = self._timed("plan", plan)
+        store.begin_fold = self._timed("begin", store.begin_fold)
+        store.finish_fold = self._timed("finish", store.finish_fold)
+        try:
+            yield self
+        finally:
+            fold_procedure.fold_window = plan
+            del store.begin_fold, store.finish_fold  # the class's methods again
+
+
+def touched(items: list[Any], result: Any) -> dict[str, int]:
+    """What one fold did with the items it read: how many went into a summary or notice (the
+    summarizer read them), were rewritten and kept (masked, thinned, clipped), or were left as
+    they were; and how many carried tool output, in all and inside the folded spans (the mask
+    layer, which runs first, stubs those before the summarizer reads them)."""
+    spans = [(s.start_seq, s.end_seq) for s in result.spans]
+
+    def folded(item: Any) -> bool:
+        return any(lo <= item.start_seq and item.end_seq <= hi for lo, hi in spans)
+
+    def tool_output(item: Any) -> bool:
+        content = item.message.content
+        return not isinstance(content, str) and any(b.type == "tool_result" for b in content)
+
+    into_spans = sum(1 for i in items if folded(i))
+    rewritten = sum(1 for i in result.edit.inserted if i.kind not in ("summary", "notice"))
+    return {"read": len(items), "into_spans": into_spans, "rewritten_kept": rewritten,
+            "untouched": len(items) - into_spans - rewritten,
+            "tool_outputs": sum(1 for i in items if tool_output(i)),
+            "tool_outputs_in_spans": sum(1 for i in items if folded(i) and tool_output(i))}
+
+
 def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             profile: bool, settle: bool = True, economics: str = "window") -> SizeResult:
     from sessionfold.core.summarizers import ExtractiveSummarizer
@@ -233,16 +315,23 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
         cpu: list[float] = []
         wall: list[float] = []
         own: list[float] = []  # the summarizer's share of each fold's CPU
+        steps: list[dict[str, float]] = []
         folded = 0
-        for i, sid in enumerate(timed):
-            summarizer.spent = 0.0
-            c0, w0 = time.process_time(), time.perf_counter()
-            report = run_fold(store, summarizer, FoldJob(session_id=sid, job_id=f"job-{i}"),
-                              pricing=pricing)
-            cpu.append(time.process_time() - c0)
-            wall.append(time.perf_counter() - w0)
-            own.append(summarizer.spent)
-            folded += report.outcome == "folded"
+        seen: dict[str, int] = {}
+        with _Steps().timing(store) as timer:
+            for i, sid in enumerate(timed):
+                summarizer.spent = 0.0
+                c0, w0 = time.process_time(), time.perf_counter()
+                report = run_fold(store, summarizer,
+                                  FoldJob(session_id=sid, job_id=f"job-{i}"), pricing=pricing)
+                cpu.append(time.process_time() - c0)
+                wall.append(time.perf_counter() - w0)
+                own.append(summarizer.spent)
+                steps.append(timer.take())
+                folded += report.outcome == "folded"
+                if not seen and timer.plan_args is not None:
+                    seen = touched(*timer.plan_args)
+                timer.plan_args = None
         by_module: list[tuple[str, float]] = []
         by_function: list[tuple[str, float]] = []
         if profiled:
@@ -264,14 +353,22 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             summarizer_median_ms=round(statistics.median(own) * 1000, 2),
             without_summarizer_median_ms=round(
                 statistics.median((c - o) * 1000 for c, o in zip(cpu, own, strict=True)), 2),
-            by_module=by_module, by_function=by_function)
+            by_module=by_module, by_function=by_function,
+            steps_median_ms={step: round(statistics.median(s[step] for s in steps) * 1000, 2)
+                             for step in STEPS},
+            steps_share=round(statistics.median(
+                sum(s.values()) / c if c > 0 else 0.0 for s, c in zip(steps, cpu, strict=True)),
+                3),
+            touched=seen)
 
 
 def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out = [f"Command: `.venv/bin/python bench/profile_fold.py --folds {args.folds}"
            f"{' --postgres …' if args.postgres else ''}"
-           f"{' --gc default' if args.gc == 'default' else ''}`. Run "
+           f"{' --gc default' if args.gc == 'default' else ''}"
+           f"{'' if args.economics == 'both' else f' --economics {args.economics}'}"
+           f"{' --no-profile' if args.no_profile else ''}`. Run "
            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine "
            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
            f"store {backend}; collector {args.gc}; load average {load:.1f} at the end (CPU time, "
@@ -285,6 +382,20 @@ def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) 
                    f"**{r.cpu_median_ms:.1f}** | {r.cpu_p90_ms:.1f} | {r.wall_median_ms:.1f} | "
                    f"{r.folds_per_cpu_s:.1f} | {r.summarizer_median_ms:.1f} | "
                    f"**{r.without_summarizer_median_ms:.1f}** |")
+    out += ["", "The fold's steps (median CPU ms of each over the timed folds; the three "
+                "together take the share given of a fold's CPU, the procedure's own glue the "
+                "rest), and what the first timed fold did with the items it read:", "",
+            "| window | claim and read | plan (summarizer inside) | commit | share | items "
+            "read | into summaries | rewritten, kept | untouched | with tool output | of "
+            "which into summaries |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = r.touched
+        out.append(f"| {r.label} | {r.steps_median_ms.get('begin', 0):.1f} | "
+                   f"{r.steps_median_ms.get('plan', 0):.1f} | "
+                   f"{r.steps_median_ms.get('finish', 0):.1f} | {r.steps_share:.0%} | "
+                   f"{t.get('read', 0)} | {t.get('into_spans', 0)} | "
+                   f"{t.get('rewritten_kept', 0)} | {t.get('untouched', 0)} | "
+                   f"{t.get('tool_outputs', 0)} | {t.get('tool_outputs_in_spans', 0)} |")
     for r in results:
         if not r.by_module:
             continue

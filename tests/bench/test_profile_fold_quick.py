@@ -32,3 +32,14 @@ def test_quick_mode_folds_every_session_and_profiles_the_fold(tmp_path: Path) ->
     # The fold's own code shows up under its module names, the planner among them.
     assert any(name.startswith("sessionfold.core.") for name in modules)
     assert "CPU ms/fold" in done.stdout
+    # The three steps are timed inside each fold: together never more than the fold.
+    steps = result["steps_median_ms"]
+    assert set(steps) == {"begin", "plan", "finish"} and all(v > 0 for v in steps.values())
+    assert 0 < result["steps_share"] <= 1.0
+    # Every item the fold read is counted once: into a summary, rewritten and kept, or left.
+    touched = result["touched"]
+    assert touched["read"] == 40
+    assert touched["into_spans"] + touched["rewritten_kept"] + touched["untouched"] == 40
+    assert touched["into_spans"] > 0 and touched["untouched"] > 0
+    assert 0 <= touched["tool_outputs_in_spans"] <= touched["tool_outputs"] <= 40
+    assert "claim and read" in done.stdout
