@@ -231,11 +231,11 @@ STEPS = ("begin", "plan", "finish")
 
 class _Steps:
     """CPU time of each step of the folds run while it is on (:meth:`timing`), fold by fold;
-    and the last plan's window and result, for :func:`touched`."""
+    and the first plan's window and result, for :func:`touched`."""
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
-        self.plan_args: tuple[Any, Any] | None = None  # (items, FoldResult)
+        self.first_plan: tuple[Any, Any] | None = None  # (items, FoldResult)
 
     def take(self) -> dict[str, float]:
         """The CPU seconds of each step since the last take."""
@@ -249,8 +249,8 @@ class _Steps:
                 result = call(*args, **kwargs)
             finally:
                 self.spent[step] += time.process_time() - start
-            if step == "plan":
-                self.plan_args = (args[0], result)
+            if step == "plan" and self.first_plan is None:
+                self.first_plan = (args[0], result)
             return result
         return timed
 
@@ -278,19 +278,13 @@ def touched(items: list[Any], result: Any) -> dict[str, int]:
     layer, which runs first, stubs those before the summarizer reads them)."""
     spans = [(s.start_seq, s.end_seq) for s in result.spans]
 
-    def folded(item: Any) -> bool:
-        return any(lo <= item.start_seq and item.end_seq <= hi for lo, hi in spans)
-
-    def tool_output(item: Any) -> bool:
-        content = item.message.content
-        return not isinstance(content, str) and any(b.type == "tool_result" for b in content)
-
-    into_spans = sum(1 for i in items if folded(i))
+    folded = [i for i in items
+              if any(lo <= i.start_seq and i.end_seq <= hi for lo, hi in spans)]
     rewritten = sum(1 for i in result.edit.inserted if i.kind not in ("summary", "notice"))
-    return {"read": len(items), "into_spans": into_spans, "rewritten_kept": rewritten,
-            "untouched": len(items) - into_spans - rewritten,
-            "tool_outputs": sum(1 for i in items if tool_output(i)),
-            "tool_outputs_in_spans": sum(1 for i in items if folded(i) and tool_output(i))}
+    return {"read": len(items), "into_spans": len(folded), "rewritten_kept": rewritten,
+            "untouched": len(items) - len(folded) - rewritten,
+            "tool_outputs": sum(1 for i in items if i.message.has_tool_results()),
+            "tool_outputs_in_spans": sum(1 for i in folded if i.message.has_tool_results())}
 
 
 def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
@@ -317,7 +311,6 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
         own: list[float] = []  # the summarizer's share of each fold's CPU
         steps: list[dict[str, float]] = []
         folded = 0
-        seen: dict[str, int] = {}
         with _Steps().timing(store) as timer:
             for i, sid in enumerate(timed):
                 summarizer.spent = 0.0
@@ -329,9 +322,6 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
                 own.append(summarizer.spent)
                 steps.append(timer.take())
                 folded += report.outcome == "folded"
-                if not seen and timer.plan_args is not None:
-                    seen = touched(*timer.plan_args)
-                timer.plan_args = None
         by_module: list[tuple[str, float]] = []
         by_function: list[tuple[str, float]] = []
         if profiled:
@@ -359,7 +349,7 @@ def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             steps_share=round(statistics.median(
                 sum(s.values()) / c if c > 0 else 0.0 for s, c in zip(steps, cpu, strict=True)),
                 3),
-            touched=seen)
+            touched=touched(*timer.first_plan) if timer.first_plan is not None else {})
 
 
 def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) -> str:
@@ -390,9 +380,9 @@ def markdown(results: list[SizeResult], args: argparse.Namespace, backend: str) 
             "which into summaries |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         t = r.touched
-        out.append(f"| {r.label} | {r.steps_median_ms.get('begin', 0):.1f} | "
-                   f"{r.steps_median_ms.get('plan', 0):.1f} | "
-                   f"{r.steps_median_ms.get('finish', 0):.1f} | {r.steps_share:.0%} | "
+        step = r.steps_median_ms
+        out.append(f"| {r.label} | {step['begin']:.1f} | {step['plan']:.1f} | "
+                   f"{step['finish']:.1f} | {r.steps_share:.0%} | "
                    f"{t.get('read', 0)} | {t.get('into_spans', 0)} | "
                    f"{t.get('rewritten_kept', 0)} | {t.get('untouched', 0)} | "
                    f"{t.get('tool_outputs', 0)} | {t.get('tool_outputs_in_spans', 0)} |")

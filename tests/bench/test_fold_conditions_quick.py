@@ -5,35 +5,30 @@ nothing here)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "fold_conditions.py"
+from quick_bench import BENCH, run_quick
 
 
 @pytest.mark.slow
 def test_quick_mode_runs_each_condition_in_its_own_process(tmp_path: Path) -> None:
-    out = tmp_path / "conditions.json"
-    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    rows, stdout = run_quick("fold_conditions.py", tmp_path / "conditions.json")
     assert [row["condition"] for row in rows] == ["plain", "celery-heap", "cache-flush", "pause"]
     for row in rows:
         (run,) = row["rounds"]
         assert run["condition"] == row["condition"] and run["label"] == "40 messages"
         assert run["folds"] == run["folded"] == 5
         assert row["cpu_median_ms"] == run["cpu_median_ms"] > 0
-    assert "| pause |" in done.stdout
+    assert "| pause |" in stdout
 
 
 def test_an_unknown_condition_is_refused_before_anything_runs() -> None:
-    done = subprocess.run([sys.executable, str(BENCH), "--conditions", "plain,warp"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "fold_conditions.py"), "--conditions", "plain,warp"],
+        capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--conditions takes plain, celery-heap, cache-flush, pause" in done.stderr
     assert "'plain,warp'" in done.stderr

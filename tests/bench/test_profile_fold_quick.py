@@ -4,23 +4,15 @@ own modules (never a timing assertion)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "profile_fold.py"
+from quick_bench import run_quick
 
 
 @pytest.mark.slow
 def test_quick_mode_folds_every_session_and_profiles_the_fold(tmp_path: Path) -> None:
-    out = tmp_path / "profile.json"
-    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (result,) = json.loads(out.read_text())
+    (result,), stdout = run_quick("profile_fold.py", tmp_path / "profile.json")
     assert result["folds"] == result["folded"] == 5
     assert result["items"] == 40 and result["tokens_before"] > 0
     assert 0 < result["cpu_median_ms"] <= result["cpu_p90_ms"]
@@ -31,7 +23,7 @@ def test_quick_mode_folds_every_session_and_profiles_the_fold(tmp_path: Path) ->
     modules = [name for name, seconds in result["by_module"] if seconds > 0]
     # The fold's own code shows up under its module names, the planner among them.
     assert any(name.startswith("sessionfold.core.") for name in modules)
-    assert "CPU ms/fold" in done.stdout
+    assert "CPU ms/fold" in stdout
     # The three steps are timed inside each fold: together never more than the fold.
     steps = result["steps_median_ms"]
     assert set(steps) == {"begin", "plan", "finish"} and all(v > 0 for v in steps.values())
@@ -42,4 +34,4 @@ def test_quick_mode_folds_every_session_and_profiles_the_fold(tmp_path: Path) ->
     assert touched["into_spans"] + touched["rewritten_kept"] + touched["untouched"] == 40
     assert touched["into_spans"] > 0 and touched["untouched"] > 0
     assert 0 <= touched["tool_outputs_in_spans"] <= touched["tool_outputs"] <= 40
-    assert "claim and read" in done.stdout
+    assert "claim and read" in stdout
