@@ -46,6 +46,7 @@ from .messages import (
     DocumentBlock,
     ImageBlock,
     Message,
+    OpaqueBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -187,7 +188,7 @@ def _clip_block(block: ToolResultBlock, seq: int, max_tokens: int,
     rest = [] if isinstance(block.content, str) else [
         p for p in block.content if not isinstance(p, TextBlock)
     ]
-    content: str | list[TextBlock | ImageBlock | DocumentBlock] = (
+    content: str | list[TextBlock | ImageBlock | DocumentBlock | OpaqueBlock] = (
         [TextBlock(text=clipped), *rest] if rest else clipped
     )
     return evolve(block, content=content)

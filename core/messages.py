@@ -28,7 +28,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from .errors import InvalidMessageError, ToolPairingError
 from .jsonvalues import (
@@ -49,6 +57,7 @@ __all__ = [
     "DocumentBlock",
     "ImageBlock",
     "Message",
+    "OpaqueBlock",
     "RedactedThinkingBlock",
     "SummaryMark",
     "TextBlock",
@@ -94,8 +103,75 @@ class DocumentBlock(_Block):
     source: dict[str, Any]
 
 
+class OpaqueBlock(_Block):
+    """A block of a type sessionfold does not interpret, kept exactly as it was given.
+
+    The Messages API adds block types as it adds features: a server tool's call and result
+    (``server_tool_use``, ``web_search_tool_result``, ``web_fetch_tool_result``,
+    ``code_execution_tool_result``...), an MCP connector's (``mcp_tool_use``,
+    ``mcp_tool_result``), ``container_upload``, ``search_result`` parts inside a tool result.
+    An agent appends what the API answered, so refusing an unknown type would lose a reply the
+    agent has paid for. Such a block is stored and sent back as given, counted by its JSON,
+    and never edited by a layer (a server tool's result sits in the assistant's own message,
+    which no layer rewrites); the API, not sessionfold, judges whether it is well formed.
+
+    Its ``type`` must look like the API's tags (lowercase letters, digits and ``_``) and may
+    not be one of the types sessionfold knows (those are validated as what they are).
+    """
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _unknown_tag(cls, value: str) -> str:
+        if value in BLOCK_TYPES:  # only a tool result's part gets here with a known type
+            raise ValueError(f"a {value!r} block is not a tool result part; a part is text, "
+                             "image, document, or a type sessionfold keeps as given")
+        if not _OPAQUE_TAG.fullmatch(value):
+            raise ValueError(f"block type {value[:40]!r} is not a block type tag (lowercase "
+                             "letters, digits and '_', at most 64 characters)")
+        near = _near_known_tag(value)
+        if near is not None:
+            raise ValueError(f"unknown block type {value!r}: did you mean {near!r}? (a type "
+                             "sessionfold does not read is kept as given, but not one a letter "
+                             "or two from a type it reads)")
+        return value
+
+
+#: What an opaque block's type tag may be: the shape of the Messages API's own tags.
+_OPAQUE_TAG = re.compile(r"[a-z][a-z0-9_]{0,63}")
+#: The tool result part types sessionfold reads; any other part is an :class:`OpaqueBlock`.
+_PART_TAGS = frozenset({"text", "image", "document"})
+
+
+def _near_known_tag(tag: str) -> str | None:
+    """The type sessionfold reads that ``tag`` is a slip of (at most two edits away), if any:
+    ``txt`` or ``tool_reslt`` is a typo to refuse, where ``search_result`` is the API's own."""
+    for known in BLOCK_TYPES:
+        if abs(len(known) - len(tag)) <= 2 and _edits(tag, known) <= 2:
+            return known
+    return None
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance of two short strings."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _part_tag(raw: Any) -> str:
+    kind = raw.get("type") if isinstance(raw, Mapping) else getattr(raw, "type", None)
+    return kind if kind in _PART_TAGS else "opaque"
+
+
 ToolResultPart: TypeAlias = Annotated[
-    TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")
+    Annotated[TextBlock, Tag("text")] | Annotated[ImageBlock, Tag("image")]
+    | Annotated[DocumentBlock, Tag("document")] | Annotated[OpaqueBlock, Tag("opaque")],
+    Discriminator(_part_tag),
 ]
 
 
@@ -138,9 +214,11 @@ Block: TypeAlias = (
     | RedactedThinkingBlock
     | ImageBlock
     | DocumentBlock
+    | OpaqueBlock
 )
 
-#: Every block type by its ``type`` tag (the store decodes stored JSON with the same map).
+#: Every block type sessionfold reads, by its ``type`` tag (the store decodes stored JSON with
+#: the same map); a block of any other type is an :class:`OpaqueBlock`.
 BLOCK_TYPES: dict[str, type[_Block]] = {
     "text": TextBlock,
     "tool_use": ToolUseBlock,
@@ -301,7 +379,7 @@ def _first_error(exc: ValidationError) -> tuple[Sequence[int | str], str]:
     if err["type"] == "string_unicode":  # said as the checks after validation say it
         return _clean_loc(err["loc"]), ("a lone surrogate; text must be valid Unicode (UTF-8 "
                                         "cannot encode it)")
-    return _clean_loc(err["loc"]), err["msg"]
+    return _clean_loc(err["loc"]), err["msg"].removeprefix("Value error, ")
 
 
 def _sdk_dict(raw: Any) -> Any:
@@ -323,12 +401,12 @@ def _parse_block(raw: Any, index: int, position: int) -> Block:
             f"a content block must be an object, got {type(raw).__name__}", index=index, field=where
         )
     kind = raw.get("type")
-    cls = BLOCK_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        allowed = ", ".join(sorted(BLOCK_TYPES))
+    if not isinstance(kind, str) or not kind:
         raise InvalidMessageError(
-            f"unknown block type {kind!r}; allowed: {allowed}", index=index, field=f"{where}.type"
-        )
+            f"a content block needs a 'type' (a string), got {kind!r:.40}", index=index,
+            field=f"{where}.type")
+    # A type sessionfold does not read is kept as it came (OpaqueBlock): the API's newer blocks.
+    cls: type[_Block] = BLOCK_TYPES.get(kind, OpaqueBlock)
     try:
         block: Block = cls.model_validate(raw)  # type: ignore[assignment]
     except ValidationError as exc:

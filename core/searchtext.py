@@ -115,7 +115,14 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from .errors import InvalidInputError
-from .messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from .messages import (
+    Message,
+    OpaqueBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 
 __all__ = [
     "CHUNK_CHARS",
@@ -305,6 +312,11 @@ def _block_texts(message: Message) -> Iterator[str]:
             yield block.output_text()
         elif isinstance(block, ThinkingBlock):
             yield block.thinking
+        elif isinstance(block, OpaqueBlock):
+            # A server tool's call or result, an MCP call: its values, as a tool input's are.
+            lines = [block.type]
+            _input_lines(block.model_dump(mode="json", exclude={"type"}), lines)
+            yield "\n".join(lines)
         # image, document, redacted_thinking: nothing a query can name
 
 

@@ -41,6 +41,7 @@ from .messages import (
     DocumentBlock,
     ImageBlock,
     Message,
+    OpaqueBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -112,6 +113,9 @@ def _render_block(block: Any) -> str:
         if block.source.get("type") == "text" and isinstance(data, str):
             return f"(document)\n{data}"
         return "(document)"
+    if isinstance(block, OpaqueBlock):
+        # A server tool's call or result, an MCP call: shown as the API wrote it, cut short.
+        return f"({block.type}) {_clip(block.model_dump_json(exclude={'type'}), 2000)}"
     return ""  # pragma: no cover - every block type is handled above
 
 

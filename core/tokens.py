@@ -39,6 +39,7 @@ from .messages import (
     DocumentBlock,
     ImageBlock,
     Message,
+    OpaqueBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -143,6 +144,10 @@ def _block_tokens(block: Block) -> int:
         if block.source.get("type") == "text" and isinstance(data, str):
             return count_text(data)
         return DOCUMENT_TOKENS
+    if isinstance(block, OpaqueBlock):
+        # A block sessionfold does not read (a server tool's result, an MCP call): its JSON,
+        # type and all, is what the provider is sent.
+        return count_text(block.model_dump_json())
     return 0  # pragma: no cover - every block type is handled above
 
 

@@ -26,6 +26,7 @@ from sessionfold.core.messages import (
     DocumentBlock,
     ImageBlock,
     Message,
+    OpaqueBlock,
     TextBlock,
 )
 from sessionfold.core.window import Edit, ItemKind, WindowItem
@@ -150,6 +151,8 @@ _new = object.__new__
 _set = object.__setattr__
 _BUILD_BLOCK = {kind: _Trusted(cls) for kind, cls in BLOCK_TYPES.items()}
 _BUILD_PART = {kind: _BUILD_BLOCK[kind] for kind in _PARTS}
+#: A block (or tool result part) of a type sessionfold does not read, stored as it came.
+_BUILD_OPAQUE = _Trusted(OpaqueBlock)
 _BUILD_MESSAGE = _Trusted(Message)
 _BUILD_ITEM = _Trusted(WindowItem)
 
@@ -159,9 +162,9 @@ def _decode_block(data: Mapping[str, Any]) -> Any:
     content = data.get("content")
     if kind == "tool_result" and isinstance(content, list):
         fields = dict(data)
-        fields["content"] = [_BUILD_PART[p["type"]](p) for p in content]
+        fields["content"] = [_BUILD_PART.get(p["type"], _BUILD_OPAQUE)(p) for p in content]
         return _BUILD_BLOCK[kind](fields)
-    return _BUILD_BLOCK[kind](data)
+    return _BUILD_BLOCK.get(kind, _BUILD_OPAQUE)(data)
 
 
 def decode_message(data: Mapping[str, Any]) -> Message:

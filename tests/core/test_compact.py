@@ -28,11 +28,13 @@ from sessionfold.core.layers import MASK_TAG, clip_oversized, drop_thinking, mas
 from sessionfold.core.messages import (
     Message,
     SummaryMark,
+    check_tool_pairing,
     load_conversation_file,
     parse_message,
+    parse_messages,
 )
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
+from sessionfold.core.summarizers import ExtractiveSummarizer, Summary, render_transcript
 from sessionfold.core.tokens import Calibration, TokenCounter
 from sessionfold.core.turns import group_turns, protect
 from sessionfold.core.window import SummarizerUsage, WindowItem, items_from_messages
@@ -679,3 +681,38 @@ def test_item_chars_given_are_the_records_character_sizes_and_bad_ones_are_refus
         fold_window(items, POLICY, None, item_chars=[1, 2, 3])
     with pytest.raises(InvalidInputError, match="a size is an integer"):
         fold_window(items, POLICY, None, item_chars=[-1] * len(items))
+
+
+def _web_search_turn(n: int) -> list[dict[str, Any]]:
+    """An assistant reply that searched the web (a server tool: its call and result sit in
+    the reply itself) before calling the agent's own tool, and that tool's answer."""
+    return [
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": f"srvtoolu_{n}", "name": "web_search",
+             "input": {"query": f"release notes {n}"}},
+            {"type": "web_search_tool_result", "tool_use_id": f"srvtoolu_{n}", "content": [
+                {"type": "web_search_result", "url": f"https://example.org/{n}",
+                 "title": f"page {n}", "encrypted_content": "Zm9v" * 200, "page_age": None}]},
+            {"type": "text", "text": f"Step {n}: reading the changelog of release {n}."},
+            {"type": "tool_use", "id": f"t{n}", "name": "read", "input": {"path": f"v{n}.md"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{n}", "content": f"notes {n} " * 300}]},
+    ]
+
+
+def test_a_session_with_server_tool_blocks_folds_and_keeps_them_whole_or_summarized() -> None:
+    """Blocks sessionfold does not read (a server tool's call and result) are counted, go to
+    the summarizer as what they are, and are never split from the reply they came in."""
+    raw = [{"role": "user", "content": "Find what changed."},
+           *(m for n in range(12) for m in _web_search_turn(n))]
+    result = compact(raw, FoldPolicy(budget_tokens=12_000), ExtractiveSummarizer())
+    assert result.record.outcome == "folded"
+    assert result.record.measured_tokens > 12_000 >= result.record.tokens_after
+    kept = [m for m in result.messages if m.role == "assistant"]
+    for message in kept:
+        kinds = [b.type for b in message.blocks()]
+        # The server tool's call and its result stay together, in order, or go together.
+        assert ("server_tool_use" in kinds) == ("web_search_tool_result" in kinds)
+    check_tool_pairing(result.messages)
+    rendered = render_transcript(parse_messages(raw[1:3]))
+    assert "(server_tool_use)" in rendered and "(web_search_tool_result)" in rendered

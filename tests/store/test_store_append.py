@@ -87,6 +87,48 @@ def test_the_fast_decoder_keeps_extra_fields_and_defaults_like_validation() -> N
     assert not isinstance(block, str) and block.model_fields_set == {"type", "tool_use_id"}
 
 
+#: An assistant reply with a server tool (web search) and an MCP call, and a tool result
+#: carrying a search_result part: block types sessionfold does not read (OpaqueBlock).
+SERVER_TOOLS: list[dict[str, Any]] = [
+    {"role": "user", "content": "what changed in the 2.0 release?"},
+    {"role": "assistant", "content": [
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+         "input": {"query": "2.0 release notes"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [
+            {"type": "web_search_result", "url": "https://example.org/2.0", "title": "2.0",
+             "encrypted_content": "Zm9vYmFy", "page_age": None}]},
+        {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "tickets", "server_name": "jira",
+         "input": {"q": "OPS-7"}},
+        {"type": "mcp_tool_result", "tool_use_id": "mcptoolu_1", "is_error": False,
+         "content": [{"type": "text", "text": "OPS-7: open"}]},
+        {"type": "text", "text": "Let me read the changelog too."},
+        {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "CHANGES"}}]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "search_result", "source": "CHANGES", "title": "changelog",
+             "content": [{"type": "text", "text": "2.0: streaming"}]},
+            {"type": "text", "text": "end of file"}]}]},
+]
+
+
+def test_blocks_of_types_sessionfold_does_not_read_are_kept_exactly(store: SessionStore) -> None:
+    """A server tool's call and result, an MCP call and a search_result part are what the API
+    answers: they are appended, read back, decoded and recovered exactly as given."""
+    store.create_session("a", POLICY)
+    store.append("a", SERVER_TOOLS)
+    assert ledger_json(store, "a") == SERVER_TOOLS
+    assert [m.to_json() for m in store.read_window("a").messages()] == SERVER_TOOLS
+    validated = parse_messages(SERVER_TOOLS)
+    assert store.recover("a", 0, 2) == validated
+    reply = store.read_ledger("a")[1].message
+    assert reply is not None and not isinstance(reply.content, str)
+    assert [type(b).__name__ for b in reply.content][:4] == ["OpaqueBlock"] * 4
+    # Counted by their JSON: the reply with its server tool results weighs more than its text.
+    text_only = Message(role="assistant", content="Let me read the changelog too.")
+    assert store.counter.message(reply) > store.counter.message(text_only) + 40
+    check_window(store, "a")
+
+
 def test_cache_control_is_stripped_on_append_also_inside_tool_results(
         store: SessionStore) -> None:
     store.create_session("a", POLICY)
@@ -146,8 +188,8 @@ BAD_BATCHES: list[tuple[object, type[Exception], str]] = [
      ToolPairingError, "orphan tool_result"),
     ([user("ok"), {"role": "robot", "content": "x"}], InvalidMessageError, "message 1: role"),
     ([{"role": "user", "content": [{"type": "text"}]}], InvalidMessageError, r"content\[0\]"),
-    ([{"role": "user", "content": [{"type": "video", "url": "x"}]}], InvalidMessageError,
-     "unknown block type"),
+    ([{"role": "user", "content": [{"type": "tool_reslt", "tool_use_id": "x"}]}],
+     InvalidMessageError, "did you mean 'tool_result'"),
     ([{"role": "user", "content": 42}], InvalidMessageError, "content must be"),
     ([{"role": "user", "content": []}], InvalidMessageError, "empty"),
     ([{"role": "user", "content": "x", "name": "bob"}], InvalidMessageError, "unknown field"),
