@@ -81,8 +81,9 @@ from typing import Any
 
 from bench_pipeline import _Database, process
 from sessionfold.client import Client, connect
-from sessionfold.core.messages import Message, load_conversation_file
+from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.service.auth import create_key
 from sessionfold.service.encoded import EncodedWindows
 from sessionfold.service.tenancy import store_id

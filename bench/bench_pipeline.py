@@ -58,8 +58,9 @@ from typing import Any
 
 from pydantic import SecretStr
 from sessionfold.cli.standin.fakeprovider import FakeProvider
-from sessionfold.core.messages import Message, load_conversation_file
+from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.store import SessionStore, create_store_engine
 from sessionfold.workers.celery_app import make_celery, make_enqueue
 from sessionfold.workers.keys import Keys

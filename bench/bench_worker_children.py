@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_pipeline import THROUGHPUT_WINDOWS, _exit_on_sigterm, _sessions, proc_stat, process
-from sessionfold.core.messages import load_conversation_file
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery, make_enqueue
 from sessionfold.workers.keys import Keys

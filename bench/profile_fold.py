@@ -204,7 +204,7 @@ def folding_sessions(url: str, transcript: str, n_messages: int, count: int, sum
     One more session is folded first, untimed
     (imports, caches and the SQLite page cache warm up), and with ``settle`` the collector is
     then settled as a worker child settles it. The store is closed on the way out."""
-    from sessionfold.core.messages import load_conversation_file
+    from sessionfold.core.session_files import load_conversation_file
     from sessionfold.store import SessionStore
     from sessionfold.workers.fold_procedure import FoldJob, run_fold
     from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE, freeze_startup_objects

@@ -31,8 +31,9 @@ from typing import Any
 
 from sessionfold.client import Client, SessionHandle
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
-from sessionfold.core.messages import Conversation, load_conversation_file
+from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.store import SessionInfo
 from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
@@ -106,12 +107,28 @@ class ReplayResult:
         return sum(s.agent_summarizer_calls for s in self.sessions)
 
 
-def replay(client: Client, files: Sequence[str | Path], options: ReplayOptions | None = None,
-           *, progress: Progress | None = None) -> ReplayResult:
-    """Replay ``files`` through ``client`` (see the module doc); returns per-session reports."""
+#: A session file read and checked: its path (the session id is its stem) and its conversation.
+Loaded = tuple[Path, Conversation]
+
+
+def load_files(files: Sequence[str | Path]) -> list[Loaded]:
+    """Read and check every session file before anything is replayed: a bad file is named
+    (InvalidMessageError) before the pipeline is even asked for."""
+    loaded = [(Path(f), load_conversation_file(f)) for f in files]
+    if not loaded:
+        raise InvalidInputError("replay needs at least one session file")
+    return loaded
+
+
+def replay(client: Client, files: Sequence[str | Path] | Sequence[Loaded],
+           options: ReplayOptions | None = None, *,
+           progress: Progress | None = None) -> ReplayResult:
+    """Replay ``files`` (paths, or what :func:`load_files` read) through ``client`` (see the
+    module doc); returns per-session reports."""
     options = options or ReplayOptions()
     say = progress or (lambda _line: None)
-    loaded = [(Path(f), load_conversation_file(f)) for f in files]
+    loaded = [f if isinstance(f, tuple) else (Path(f), load_conversation_file(f))
+              for f in files]
     if not loaded:
         raise InvalidInputError("replay needs at least one session file")
     ids = [options.prefix + path.stem for path, _ in loaded]

@@ -6,13 +6,17 @@ The store keeps the Anthropic shape; the OpenAI shape is converted on the way in
 API's append and window routes take it through this module.
 
 **Which shape.** ``shape="openai"`` or ``"anthropic"`` says it; ``"auto"`` (the default of an
-append) reads it from the messages, and only where they are unambiguous (:func:`detect_shape`):
-a ``tool`` / ``system`` / ``developer`` role, a ``tool_calls``, ``tool_call_id`` or
-``function_call`` field, or an assistant message with ``content: null`` is OpenAI; a content
-block of an Anthropic type other than text (``tool_use``, ``tool_result``, ``thinking``,
-``image``...) or a :class:`~sessionfold.core.messages.Message` is Anthropic; a plain text
-message reads the same in both and is taken as Anthropic. A batch holding both kinds is refused:
-pass ``shape=``.
+append) reads it from the messages, and only where they are unambiguous (:func:`detect_shape`,
+with the markers session files are read by,
+:func:`~sessionfold.core.messages.openai_marker` and
+:func:`~sessionfold.core.messages.anthropic_marker`): a ``tool`` / ``system`` / ``developer``
+role, a field only the chat shape has (``tool_calls``, ``tool_call_id``, ``refusal``,
+``reasoning_content``...), an assistant message with ``content: null`` or a content part only it
+has (``image_url``, ``file``, ``input_audio``, ``refusal``) is OpenAI; a content block of any
+type that is not an OpenAI part type (``tool_use``, ``tool_result``, ``thinking``, ``image``, a
+server tool's block...) or a :class:`~sessionfold.core.messages.Message` is Anthropic; a plain
+text message reads the same in both and is taken as Anthropic. A batch holding both kinds is
+refused: pass ``shape=``.
 
 **The grouping rule.** sessionfold's pairing rule is the Messages API's: the message after an
 assistant message with tool calls is one user message answering *all* of them (a turn, which a
@@ -33,11 +37,14 @@ fold keeps or takes whole). OpenAI agents send one ``tool`` message per call ins
    processes): a request must carry every ``tool`` message answering one assistant message,
    and a partial set is refused (422 ``tool-pairing``) with nothing written.
 
-**Out.** A window read with ``shape="openai"`` is the ``messages=`` of a chat completion: the
-system prompt first as a ``system`` message, tool calls as ``tool_calls`` (arguments as JSON
-text), each tool result as its own ``tool`` message, a user message's text after its results.
-The chat shape has no place for thinking, images or documents as sessionfold stores them: they
-are left out of that rendering (never out of the ledger).
+**Out.** A window read with ``shape="openai"`` is the ``messages=`` of a chat completion
+(:func:`~sessionfold.core.messages.to_openai`): the system prompt first as a ``system``
+message, tool calls as ``tool_calls`` (as they came in: a custom call as ``custom``, arguments
+that were not a JSON object as the text the model wrote), each tool result its own ``tool``
+message, then the user's text, images (``image_url``) and PDFs (``file``). The chat shape has
+no place for thinking, server tools' blocks, images inside tool results or documents other than
+base64 PDFs: they are left out of that rendering (never out of the ledger), and an assistant
+message with nothing else is left out whole.
 """
 
 from __future__ import annotations
@@ -47,12 +54,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError, ToolPairingError
-from sessionfold.core.messages import (
-    BLOCK_TYPES,
-    Message,
-    ToolResultBlock,
+from sessionfold.core.messages import Message, ToolResultBlock
+from sessionfold.core.openai_shape import (
+    anthropic_marker,
     from_openai,
     in_openai_terms,
+    openai_marker,
 )
 from sessionfold.store import AppendResult
 
@@ -81,9 +88,6 @@ WindowShape = Literal["anthropic", "openai"]
 SHAPES: tuple[str, ...] = get_args(Shape)
 WINDOW_SHAPES: tuple[str, ...] = get_args(WindowShape)
 
-_OPENAI_ROLES = frozenset({"tool", "system", "developer"})
-_OPENAI_FIELDS = ("tool_calls", "tool_call_id", "function_call")
-_ANTHROPIC_BLOCKS = frozenset(BLOCK_TYPES) - {"text"}
 
 
 def check_shape(shape: object) -> Shape:
@@ -107,40 +111,15 @@ def _sdk_dict(raw: Any) -> Any:
     return raw.model_dump(mode="json", exclude_none=True)
 
 
-def _openai_marker(m: Any) -> str | None:
-    m = _sdk_dict(m)
-    if not isinstance(m, Mapping):
-        return None
-    if m.get("role") in _OPENAI_ROLES:
-        return f"role {m.get('role')!r}"
-    for name in _OPENAI_FIELDS:
-        if name in m:
-            return f"field {name!r}"
-    if m.get("role") == "assistant" and "content" in m and m["content"] is None:
-        return "content null"
-    return None
-
-
-def _anthropic_marker(m: Any) -> str | None:
-    if isinstance(m, Message):
-        return "a Message"
-    content = m.get("content") if isinstance(m, Mapping) else None
-    for block in content if isinstance(content, list) else []:
-        block = _sdk_dict(block)
-        kind = block.get("type") if isinstance(block, Mapping) else None
-        if kind in _ANTHROPIC_BLOCKS:
-            return f"a {kind} block"
-    return None
-
-
 def detect_shape(raw: Sequence[Any]) -> WindowShape:
     """The shape of ``raw`` where it is unambiguous (see the module doc); plain text messages
     are the same in both and read as Anthropic. InvalidMessageError for a batch of both."""
-    openai = next(((i, why) for i, m in enumerate(raw) if (why := _openai_marker(m))), None)
+    openai = next(((i, why) for i, m in enumerate(raw)
+                   if (why := openai_marker(_sdk_dict(m)))), None)
     if openai is None:
         return "anthropic"
-    anthropic = next(((i, why) for i, m in enumerate(raw) if (why := _anthropic_marker(m))),
-                     None)
+    anthropic = next(((i, why) for i, m in enumerate(raw)
+                      if (why := anthropic_marker(_sdk_dict(m)))), None)
     if anthropic is not None:
         raise InvalidMessageError(
             f"the messages mix the OpenAI chat shape (message {openai[0]}: {openai[1]}) and "
@@ -194,10 +173,12 @@ def openai_append(raw: Sequence[Any]) -> OpenAIAppend:
         raise InvalidMessageError("messages must be a list; pass [message] for one")
     dicts = [_sdk_dict(m) for m in raw]
     conversation = from_openai(dicts, check_pairing=False)
-    has_system = any(isinstance(m, Mapping) and m.get("role") in ("system", "developer")
-                     for m in dicts)
+    # Only system messages that open the append are the prompt re-sent (checked against the
+    # session's); a later one is kept at its place among the messages.
+    opens_with_system = bool(dicts) and isinstance(dicts[0], Mapping) and dicts[0].get(
+        "role") in ("system", "developer")
     return OpenAIAppend(messages=conversation.messages,
-                        system=conversation.system if has_system else None, raw=dicts)
+                        system=conversation.system if opens_with_system else None, raw=dicts)
 
 
 def check_system(given: str | None, session_system: str) -> None:

@@ -33,7 +33,8 @@ from typing import Any
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.frame import hinted_frame
 from sessionfold.core.layers import hinted_stubs, recall_dropped_message
-from sessionfold.core.messages import Conversation, Message, to_openai
+from sessionfold.core.messages import Conversation, Message
+from sessionfold.core.openai_shape import to_openai
 from sessionfold.core.window import WindowItem
 from sessionfold.store import Window
 

@@ -53,16 +53,14 @@ from .messages import (
     ToolUseBlock,
     check_tool_pairing,
     dump_messages,
-    from_openai,
-    load_conversation,
-    load_conversation_file,
     parse_message,
     parse_messages,
-    to_openai,
 )
+from .openai_shape import from_openai, to_openai
 from .overflow import is_context_overflow, overflow_tokens
 from .policy import LAYERS, FoldPolicy, LayerName
 from .retention import RetentionResult, check_retention, extract_identifiers
+from .session_files import load_conversation, load_conversation_file
 from .summarizers import (
     DEFAULT_MODEL,
     ExtractiveSummarizer,

@@ -28,8 +28,10 @@ NUL (``"\\x00"``) is text like any other here: JSON escapes it, and the store ke
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,9 +41,11 @@ __all__ = [
     "MAX_INT_DIGITS",
     "MAX_NESTING_DEPTH",
     "UnfitValue",
+    "UnreadableJSON",
     "check_json_value",
     "check_text",
     "find_lone_surrogate",
+    "read_json",
     "replace_lone_surrogates",
 ]
 
@@ -148,3 +152,39 @@ def _index(path: str, i: int) -> str:
     if len(path) > _PATH_ROOM:
         return path if path.endswith("…") else f"{path}.…"
     return f"{path}[{i}]"
+
+
+class UnreadableJSON(Exception):
+    """JSON text no reader should be handed: the message says why (``not JSON (...)``).
+    ``malformed``: the text is not JSON at all (rather than JSON past a reader's limits)."""
+
+    def __init__(self, reason: str, *, malformed: bool = False) -> None:
+        super().__init__(reason)
+        self.malformed = malformed
+
+
+def read_json(text: str | bytes, *, line: int | None = None) -> Any:
+    """``json.loads`` of a message-bearing text (a session file, a tool call's arguments), with
+    what it raises beyond JSONDecodeError turned into UnreadableJSON.
+
+    Python's decoder recurses once per level (RecursionError near 1,000 levels, before any
+    limit of ours can be checked) and refuses integers longer than the interpreter's digit limit
+    with a bare ValueError; bytes must be UTF-8. ``line``: the text is that line of a file (an
+    error then names its column).
+    """
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}" if line is None else f"column {exc.colno}"
+        raise UnreadableJSON(f"not JSON ({where}: {exc.msg})", malformed=True) from None
+    except UnicodeDecodeError as exc:
+        raise UnreadableJSON(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except RecursionError:
+        raise UnreadableJSON(f"JSON nested too deep to read (a value inside a message may nest "
+                           f"{MAX_NESTING_DEPTH} levels)") from None
+    except ValueError as exc:  # int-to-string digit limit; the message quotes no input
+        raise UnreadableJSON(f"JSON with a number of more than {sys.get_int_max_str_digits()} "
+                           f"digits ({exc}); a message holds integers of at most "
+                           f"{MAX_INT_DIGITS} digits") from None

@@ -1,9 +1,11 @@
-"""Messages in the Anthropic Messages shape, and loading them from session files.
+"""Messages in the Anthropic Messages shape: the blocks, validation at the boundary, tool pairing.
 
 A message is ``{"role": "user" | "assistant", "content": str | [block, ...]}`` with blocks of the
 types ``text``, ``tool_use``, ``tool_result``, ``thinking``, ``redacted_thinking``, ``image`` and
 ``document``. Fields a block type does not name (``citations``, ``cache_control``, ...) are kept
-as given, so a message that no layer touched is written back byte for byte.
+as given, so a message that no layer touched is written back with the same fields and values
+(a block's known fields in the model's order; the order of keys in a JSON object carries
+nothing).
 
 The system prompt is not a message: it lives beside the window (:class:`Conversation`), so no fold
 can reach it.
@@ -15,17 +17,14 @@ or the Messages API would refuse later (:func:`parse_message`): a value nested d
 :data:`MAX_NESTING_DEPTH`, a lone surrogate, a non-JSON number (see :mod:`.jsonvalues`), a
 tool_use id used twice in the conversation, two results for one call, or no text at all. An empty
 text block beside other content is dropped (the API refuses it, and its own responses hold such
-blocks). The OpenAI chat-completions shape (``tool_calls``, role ``"tool"``, role ``"system"``)
-is converted on load (:func:`from_openai`) and can be written back (:func:`to_openai`).
+blocks). The OpenAI chat-completions shape is converted by :mod:`.openai_shape`, and session
+files are read by :mod:`.session_files`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import (
@@ -68,14 +67,8 @@ __all__ = [
     "dump_messages",
     "evolve",
     "find_lone_surrogate",
-    "from_openai",
-    "in_openai_terms",
-    "load_conversation",
-    "load_conversation_file",
-    "load_conversation_json",
     "parse_message",
     "parse_messages",
-    "to_openai",
 ]
 
 
@@ -424,8 +417,17 @@ def _not_a_message(raw: Any, index: int) -> InvalidMessageError:
         "as a list: [message] for one", index=index)
 
 
+#: The fields of a Messages API response besides role and content (the anthropic SDK's
+#: ``Message``): a message with ``"type": "message"`` may carry them, and they are not kept.
+_RESPONSE_FIELDS = frozenset({"id", "type", "model", "stop_reason", "stop_sequence",
+                              "stop_details", "usage", "container", "diagnostics"})
+
+
 def parse_message(raw: Any, index: int = 0) -> Message:
     """Validate one Anthropic-shape message; errors name ``index`` and the field.
+
+    A saved Messages API response (``"type": "message"``, with ``id``, ``model``,
+    ``stop_reason``, ``usage``...) is read as its role and content; any other field is refused.
 
     Past its shape, the message must be one every reader and the Messages API take back
     (:func:`_checked`): a :class:`Message` built in code is checked the same way.
@@ -443,6 +445,10 @@ def parse_message(raw: Any, index: int = 0) -> Message:
         raise InvalidMessageError("field required", index=index, field="content")
     content = raw["content"]
     extra = set(raw) - {"role", "content"}
+    if extra and raw.get("type") == "message":
+        # A Messages API response saved as it came: its role and content are the message, the
+        # rest is about the call (ids, usage), which no request takes back.
+        extra -= _RESPONSE_FIELDS
     if extra:
         raise InvalidMessageError(f"unknown field(s) {sorted(extra)}; a message has role and "
                                   "content only", index=index)
@@ -616,382 +622,3 @@ def _check_new_ids(message: Message, index: int, used: dict[str, str]) -> None:
 
 def dump_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     return [m.to_json() for m in messages]
-
-
-# --- OpenAI chat-completions shape -------------------------------------------------------------
-
-def _looks_like_openai(raw: list[Any]) -> bool:
-    for m in raw:
-        if isinstance(m, Mapping) and (
-            m.get("role") in ("system", "tool", "developer") or "tool_calls" in m
-            or "tool_call_id" in m
-        ):
-            return True
-    return False
-
-
-def _openai_text(content: Any, index: int) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for pos, part in enumerate(content):
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            else:
-                raise InvalidMessageError("only text parts are supported in OpenAI content",
-                                          index=index, field=f"content[{pos}]")
-        return "\n".join(parts)
-    raise InvalidMessageError(f"content must be a string or a list, got {type(content).__name__}",
-                              index=index, field="content")
-
-
-def _openai_arguments(raw: Any, index: int, pos: int) -> dict[str, Any]:
-    """A tool call's ``arguments`` (a JSON string) as the tool_use ``input`` they become.
-
-    Checked here, where the error can name the OpenAI field: decoded by the same rules as a
-    session file (:func:`_decode_json`), and held to the same limits as any tool input.
-    """
-    field = f"tool_calls[{pos}].function.arguments"
-    if raw is not None and not isinstance(raw, str):
-        raise InvalidMessageError(f"arguments must be a JSON string, got {type(raw).__name__}",
-                                  index=index, field=field)
-    try:
-        args = _decode_json(raw or "{}")
-    except _Undecodable as exc:
-        raise InvalidMessageError(f"arguments are {exc}", index=index, field=field) from None
-    if not isinstance(args, dict):
-        args = {"value": args}
-    try:
-        check_json_value(args, field)
-    except UnfitValue as bad:
-        inside = bad.path.removeprefix(field)
-        reason = f"{bad.reason} (at {inside})" if inside else bad.reason
-        raise InvalidMessageError(reason, index=index, field=field) from None
-    return args
-
-
-def from_openai(raw: list[Any], *, check_pairing: bool = True) -> Conversation:
-    """Convert OpenAI chat-completions messages to a :class:`Conversation`.
-
-    ``system``/``developer`` messages become the system prompt; ``tool_calls`` become
-    ``tool_use`` blocks; consecutive ``tool`` messages become one user message of
-    ``tool_result`` blocks. Error indexes refer to the OpenAI input. ``check_pairing=False``
-    leaves the pairing to the caller (an append: its first tool messages answer the ledger's
-    last message, which is not in ``raw``; see :func:`in_openai_terms` for the errors found
-    then).
-    """
-    system_parts, out, origins = _convert_openai(raw)
-    try:
-        messages = parse_messages(out, check_pairing=check_pairing)
-    except InvalidMessageError as exc:
-        raise _in_openai_terms(exc, out, origins) from None
-    return Conversation(system="\n\n".join(system_parts), messages=messages)
-
-
-def in_openai_terms(exc: InvalidMessageError, raw: list[Any]) -> InvalidMessageError:
-    """``exc``, raised about the messages :func:`from_openai` made of ``raw`` (by a later
-    check, such as the store's pairing with the ledger tail), addressed to ``raw`` instead:
-    the index of the OpenAI message, and ``tool_call_id`` or ``content`` for a part of a
-    group of tool results."""
-    _, out, origins = _convert_openai(raw)
-    return _in_openai_terms(exc, out, origins)
-
-
-def _convert_openai(raw: list[Any]) -> tuple[list[str], list[dict[str, Any]], list[list[int]]]:
-    """The system prompt's parts, the Anthropic-shape dicts (not validated yet), and for each
-    of them the OpenAI index of each of its parts (one per tool message in a group of tool
-    results), so errors found after conversion name the OpenAI input."""
-    system_parts: list[str] = []
-    out: list[dict[str, Any]] = []
-    origins: list[list[int]] = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, Mapping):
-            raise InvalidMessageError(f"a message must be an object, got {type(m).__name__}",
-                                      index=i)
-        role = m.get("role")
-        if role in ("system", "developer"):
-            system_parts.append(_openai_text(m.get("content"), i))
-        elif role == "user":
-            out.append({"role": "user", "content": _openai_text(m.get("content"), i)})
-            origins.append([i])
-        elif role == "assistant":
-            blocks: list[dict[str, Any]] = []
-            text = _openai_text(m.get("content"), i)
-            if text:
-                blocks.append({"type": "text", "text": text})
-            for pos, call in enumerate(m.get("tool_calls") or []):
-                fn = call.get("function") if isinstance(call, Mapping) else None
-                if not isinstance(fn, Mapping) or not call.get("id"):
-                    raise InvalidMessageError("a tool call needs an id and a function",
-                                              index=i, field=f"tool_calls[{pos}]")
-                args = _openai_arguments(fn.get("arguments"), i, pos)
-                blocks.append({"type": "tool_use", "id": call["id"],
-                               "name": fn.get("name") or "tool", "input": args})
-            if not blocks:
-                blocks.append({"type": "text", "text": ""})
-            out.append({"role": "assistant", "content": blocks})
-            origins.append([i])
-        elif role == "tool":
-            if not m.get("tool_call_id"):
-                raise InvalidMessageError("field required", index=i, field="tool_call_id")
-            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"],
-                     "content": _openai_text(m.get("content"), i)}
-            last = out[-1] if out else None
-            if last and last["role"] == "user" and isinstance(last["content"], list) and all(
-                b.get("type") == "tool_result" for b in last["content"]
-            ):
-                last["content"].append(block)
-                origins[-1].append(i)
-            else:
-                out.append({"role": "user", "content": [block]})
-                origins.append([i])
-        else:
-            raise InvalidMessageError(
-                f"role must be system, developer, user, assistant or tool, got {role!r}",
-                index=i, field="role",
-            )
-    return system_parts, out, origins
-
-
-def _in_openai_terms(exc: InvalidMessageError, out: list[dict[str, Any]],
-                     origins: list[list[int]]) -> InvalidMessageError:
-    """Re-address an error found in the converted messages to the OpenAI input."""
-    if exc.index is None or not 0 <= exc.index < len(origins):
-        return exc
-    sources = origins[exc.index]
-    index, field = sources[0], exc.field
-    part = re.match(r"content\[(\d+)\]", field or "")
-    grouped = isinstance(out[exc.index]["content"], list) and all(
-        b.get("type") == "tool_result" for b in out[exc.index]["content"])
-    if grouped and part is not None and int(part[1]) < len(sources):
-        index = sources[int(part[1])]
-        field = "tool_call_id" if (field or "").endswith("tool_use_id") else "content"
-    return type(exc)(exc.reason, index=index, field=field)
-
-
-def to_openai(conversation: Conversation) -> list[dict[str, Any]]:
-    """Write a :class:`Conversation` as OpenAI chat-completions messages (text and tools only)."""
-    out: list[dict[str, Any]] = []
-    if conversation.system:
-        out.append({"role": "system", "content": conversation.system})
-    for msg in conversation.messages:
-        if msg.role == "assistant":
-            calls = [
-                {"id": b.id, "type": "function",
-                 "function": {"name": b.name, "arguments": json.dumps(b.input)}}
-                for b in msg.blocks() if isinstance(b, ToolUseBlock)
-            ]
-            entry: dict[str, Any] = {"role": "assistant", "content": msg.text() or None}
-            if calls:
-                entry["tool_calls"] = calls
-            out.append(entry)
-            continue
-        for b in msg.blocks():
-            if isinstance(b, ToolResultBlock):
-                out.append({"role": "tool", "tool_call_id": b.tool_use_id,
-                            "content": b.output_text()})
-        if msg.text():
-            out.append({"role": "user", "content": msg.text()})
-    return out
-
-
-# --- session files -----------------------------------------------------------------------------
-
-def load_conversation(data: Any) -> Conversation:
-    """Load ``{"system": str, "messages": [...]}`` or a bare list of messages, in either shape.
-
-    An object may mark its summaries beside the messages, as ``sessionfold compact`` writes
-    them: ``"summaries": [{"index", "kind", "start_seq", "end_seq"}]`` (indexes of the loaded
-    messages, after an OpenAI-shape file is converted). A file an earlier ``sessionfold compact``
-    wrote (``"record"`` and ``"spans"``, no ``"summaries"``) gets its marks from its spans. Any
-    other file has none: every message is a plain message, whatever its text says.
-    """
-    if isinstance(data, list):
-        raw_messages: Any = data
-        system: Any = ""
-    elif isinstance(data, Mapping):
-        if "messages" not in data:
-            raise InvalidMessageError("a session file needs a 'messages' list")
-        raw_messages = data["messages"]
-        system = data.get("system", "")
-    else:
-        raise InvalidMessageError(
-            f"a session file holds an object or a list, got {type(data).__name__}"
-        )
-    if not isinstance(raw_messages, list):
-        raise InvalidMessageError(f"'messages' must be a list, got {type(raw_messages).__name__}")
-    if _looks_like_openai(raw_messages):
-        conv = from_openai(raw_messages)
-        if system:
-            conv = Conversation(system=_system_text(system) + ("\n\n" + conv.system
-                                                              if conv.system else ""),
-                                messages=conv.messages)
-    else:
-        conv = Conversation(system=_system_text(system), messages=parse_messages(raw_messages))
-    if not isinstance(data, Mapping):
-        return conv
-    marks = _summary_marks(data, len(conv.messages))
-    return conv.model_copy(update={"summaries": marks}) if marks else conv
-
-
-def _summary_marks(data: Mapping[str, Any], count: int) -> tuple[SummaryMark, ...]:
-    """The summary marks of a session file object (see :func:`load_conversation`)."""
-    if "summaries" in data:
-        raw = data["summaries"]
-        if raw is None:
-            return ()
-        if not isinstance(raw, list):
-            raise InvalidMessageError(f"'summaries' must be a list, got {type(raw).__name__}")
-        marks = [_summary_mark(entry, i) for i, entry in enumerate(raw)]
-    elif "spans" in data and "record" in data:
-        marks = _marks_from_spans(data["spans"], count)
-    else:
-        return ()
-    seen: set[int] = set()
-    for i, mark in enumerate(marks):
-        if mark.index >= count:
-            raise InvalidMessageError(f"summaries[{i}]: index {mark.index} is past the last "
-                                      f"message ({count - 1})")
-        if mark.index in seen:
-            raise InvalidMessageError(f"summaries[{i}]: message {mark.index} is marked twice")
-        seen.add(mark.index)
-    return tuple(sorted(marks, key=lambda m: m.index))
-
-
-def _summary_mark(raw: Any, position: int) -> SummaryMark:
-    if not isinstance(raw, Mapping):
-        raise InvalidMessageError(f"summaries[{position}]: a mark must be an object "
-                                  '{"index", "kind", "start_seq", "end_seq"}, got '
-                                  f"{type(raw).__name__}")
-    try:
-        return SummaryMark.model_validate(raw)
-    except ValidationError as exc:
-        loc, msg = _first_error(exc)
-        raise InvalidMessageError(f"{_field_path(f'summaries[{position}]', loc)}: {msg}"
-                                  ) from None
-
-
-class _WrittenSpan(BaseModel):
-    """The part of a span an earlier ``sessionfold compact`` printed that places its summary."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    kind: Literal["summary", "notice"] = "summary"
-    start_seq: Annotated[int, Field(strict=True, ge=0)]
-    end_seq: Annotated[int, Field(strict=True, ge=0)]
-
-
-def _marks_from_spans(spans: Any, count: int) -> list[SummaryMark]:
-    """Marks for the output of a ``sessionfold compact`` that did not write them yet.
-
-    That output is the window the visit left: from seq 0, each message stands for the next seq,
-    or, when a span the visit folded opens there, for the whole span (its summary). Walking the
-    messages that way places every span; a span that no message opens means the file was not
-    written so (or was edited), and loading it as if it were would make a user's message a
-    summary. Summaries an earlier visit left and this one did not fold are not in its spans:
-    they load as plain messages, which costs a summary its rolling, never a user their words.
-    """
-    if not isinstance(spans, list):
-        raise InvalidMessageError(f"'spans' must be a list, got {type(spans).__name__}")
-    opening: dict[int, _WrittenSpan] = {}
-    for i, raw in enumerate(spans):
-        try:
-            span = _WrittenSpan.model_validate(raw)
-        except ValidationError as exc:
-            loc, msg = _first_error(exc)
-            raise InvalidMessageError(f"{_field_path(f'spans[{i}]', loc)}: {msg}") from None
-        if span.end_seq < span.start_seq or span.start_seq in opening:
-            raise InvalidMessageError(f"spans[{i}]: #{span.start_seq}–#{span.end_seq} is not a "
-                                      "span sessionfold compact writes")
-        opening[span.start_seq] = span
-    marks: list[SummaryMark] = []
-    seq = 0
-    for index in range(count):
-        if seq not in opening:
-            seq += 1
-            continue
-        span = opening.pop(seq)
-        marks.append(SummaryMark(index=index, kind=span.kind, start_seq=span.start_seq,
-                                 end_seq=span.end_seq))
-        seq = span.end_seq + 1
-    if opening:
-        first = min(opening.values(), key=lambda s: s.start_seq)
-        raise InvalidMessageError(
-            f"spans: no message stands for #{first.start_seq}–#{first.end_seq}; the spans do "
-            "not match the messages (mark the summaries with 'summaries' instead)")
-    return marks
-
-
-def _system_text(system: Any) -> str:
-    if system is None:
-        return ""
-    if isinstance(system, str):
-        return system
-    if isinstance(system, list) and all(isinstance(b, Mapping) and b.get("type") == "text"
-                                        for b in system):
-        return "\n\n".join(str(b.get("text", "")) for b in system)
-    raise InvalidMessageError("'system' must be a string or a list of text blocks")
-
-
-class _Undecodable(Exception):
-    """JSON text no reader should be handed: the message says why (``not JSON (...)``)."""
-
-
-def _decode_json(text: str | bytes) -> Any:
-    """``json.loads``, with what it raises beyond JSONDecodeError turned into _Undecodable.
-
-    Python's decoder recurses once per level (RecursionError near 1,000 levels, before any
-    limit of ours can be checked) and refuses integers longer than the interpreter's digit limit
-    with a bare ValueError; bytes must be UTF-8.
-    """
-    try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _Undecodable(f"not JSON (line {exc.lineno}: {exc.msg})") from None
-    except UnicodeDecodeError as exc:
-        raise _Undecodable(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except RecursionError:
-        raise _Undecodable(f"JSON nested too deep to read (a value inside a message may nest "
-                           f"{MAX_NESTING_DEPTH} levels)") from None
-    except ValueError as exc:  # int-to-string digit limit; the message quotes no input
-        raise _Undecodable(f"JSON with a number of more than {sys.get_int_max_str_digits()} "
-                           f"digits ({exc}); a message holds integers of at most "
-                           f"{MAX_INT_DIGITS} digits") from None
-
-
-def load_conversation_json(text: str | bytes, *, source: str) -> Conversation:
-    """Decode a session file's text (``source`` names it in errors) and load it (see
-    :func:`load_conversation`).
-
-    Whatever the text holds, the outcome is a Conversation or an InvalidMessageError: text that
-    is not JSON, nested past what the decoder reads, with numbers it refuses, or with a lone
-    surrogate anywhere sessionfold would write it back out (messages, system prompt).
-    """
-    try:
-        data = _decode_json(text)
-    except _Undecodable as exc:
-        raise InvalidMessageError(f"{source}: {exc}") from None
-    conversation = load_conversation(data)
-    try:
-        check_text(conversation.system, "system")
-    except UnfitValue as bad:
-        raise InvalidMessageError(f"{source}: {bad}") from None
-    return conversation
-
-
-def load_conversation_file(path: str | Path) -> Conversation:
-    """Read a session file (see :func:`load_conversation_json`); errors say what is wrong."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise InvalidMessageError(f"{p}: no such file") from None
-    except OSError as exc:
-        raise InvalidMessageError(f"{p}: cannot read ({exc})") from None
-    return load_conversation_json(raw, source=str(p))
-

@@ -30,8 +30,9 @@ import httpx2
 import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
-from sessionfold.core.messages import Conversation, load_conversation_file
+from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import create_store_engine
 from sessionfold.workers.settings import Settings, env_name

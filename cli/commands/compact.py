@@ -6,9 +6,11 @@
     sessionfold compact session.json --budget 16000 --report
     sessionfold compact session.json --summarizer anthropic --model claude-haiku-5-5
 
-The file holds ``{"system": str, "messages": [...]}`` (extra keys are ignored) or a bare list of
-messages, in the Anthropic Messages shape or the OpenAI chat-completions shape (converted on
-load); ``-`` reads it from standard input. The output is one JSON object::
+The file holds ``{"system": str, "messages": [...]}`` (extra keys are ignored), a bare list of
+messages, or JSON Lines (one message a line, or a Claude Code transcript), in the Anthropic
+Messages shape or the OpenAI chat-completions shape (converted on load; see
+:func:`~sessionfold.core.messages.load_conversation_json`); ``-`` reads it from standard input.
+The output is one JSON object, written as UTF-8 whatever the locale::
 
     {"system": ..., "messages": [...], "summaries": [{"index", "kind", "start_seq", "end_seq"}],
      "record": {...}, "spans": [{"start_seq": ..., ...}]}
@@ -40,17 +42,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from typing import TYPE_CHECKING, Any
 
 from sessionfold.core.compact import CompactResult, compact
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.core.messages import (
-    Conversation,
-    load_conversation_file,
-    load_conversation_json,
-)
+from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import LAYERS, FoldPolicy
+from sessionfold.core.session_files import load_conversation_file, load_conversation_json
 from sessionfold.core.summarizers import DEFAULT_MODEL, ExtractiveSummarizer, Summarizer
 from sessionfold.core.window import Refusal, WindowItem
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     result = compact(conversation.messages, policy, _summarizer(args),
                      system=conversation.system, summaries=conversation.summaries)
     if args.report:
-        _print_report(sys.stdout, args.file, conversation, result, policy)
+        _write_utf8([_report(args.file, conversation, result, policy)])
     else:
         payload = {
             "system": conversation.system,
@@ -117,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
             "record": result.record.model_dump(mode="json"),
             "spans": [span.model_dump(mode="json") for span in result.spans],
         }
-        json.dump(payload, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
-    sys.stdout.flush()
+        _write_utf8(chain(json.JSONEncoder(ensure_ascii=False).iterencode(payload), ["\n"]))
     if result.summarizer_error is not None:
         # The output stands (the cheap layers' work, and a record naming the refusal), but the
         # fold the caller asked for did not happen: say so, and do not exit 0.
@@ -131,6 +129,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _write_utf8(chunks: Iterable[str]) -> None:
+    """Write ``chunks`` to standard output as UTF-8, whatever the locale says.
+
+    JSON is UTF-8 (RFC 8259), and a session's text is any language: a console or pipe set to
+    another encoding (``PYTHONIOENCODING=cp1252``, a Windows code page) would fail mid-output
+    on the first character it lacks. Written a chunk at a time, as ``json.dump`` writes, so a
+    reader that stops early (``| head``) meets the closed pipe while there is more to write.
+    Standard output without bytes under it (a test's StringIO) takes the text.
+    """
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    for chunk in chunks:
+        if buffer is None:
+            sys.stdout.write(chunk)
+        else:
+            buffer.write(chunk.encode("utf-8"))
+    (sys.stdout if buffer is None else buffer).flush()
 
 
 # --- flags ---------------------------------------------------------------------------------------
@@ -218,8 +235,8 @@ def _summarizer(args: argparse.Namespace) -> Summarizer:
 
 # --- the human report ----------------------------------------------------------------------------
 
-def _print_report(out: IO[str], path: str, conversation: Conversation, result: CompactResult,
-                  policy: FoldPolicy) -> None:
+def _report(path: str, conversation: Conversation, result: CompactResult,
+            policy: FoldPolicy) -> str:
     """A few lines for people: sizes before and after, what was folded, what was refused."""
     record = result.record
     name = "<stdin>" if path == "-" else os.path.basename(path)
@@ -247,7 +264,7 @@ def _print_report(out: IO[str], path: str, conversation: Conversation, result: C
         lines.append(f"  kept #{start}-#{end}: {reason}")
     if record.detail:
         lines.append(f"  note: {record.detail}")
-    out.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def _edit_counts(window: Sequence[WindowItem]) -> dict[str, int]:

@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from sessionfold.client import connect
 from sessionfold.core.errors import (
@@ -41,7 +40,7 @@ from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
 from sessionfold.workers.settings import Settings, redact_url
 from sessionfold.workers.wiring import open_store, redis_url_for
 
-from ..replay import ReplayOptions, format_table, replay
+from ..replay import ReplayOptions, format_table, load_files, replay
 from ..stack import FLOWER_TASKS_COLUMNS, Stack, StackOptions, check_flower_exposure
 
 __all__ = ["register"]
@@ -272,11 +271,12 @@ def _replay(args: argparse.Namespace) -> int:
                             model_latency_s=args.model_latency, replace=args.replace,
                             wait_timeout_s=args.wait_timeout)
     settings = Settings()
+    loaded = load_files(args.files)  # every file checked before the pipeline is asked for
     with redis_url_for(settings, running_only=True), connect(settings) as client:
         if not _workers_answer(settings, client.redis_url):
             print("sessionfold replay: no worker answered; folds will wait for one",
                   file=sys.stderr, flush=True)
-        result = replay(client, [Path(f) for f in args.files], options,
+        result = replay(client, loaded, options,
                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_table(result), flush=True)
     return 0 if result.settled else 1

@@ -32,9 +32,9 @@ from sessionfold.cli.standin.opsagent import LateQuestion, generate_session
 from sessionfold.client import Client
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.frame import summary_message
-from sessionfold.core.messages import load_conversation_file
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import mentions
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.window import RefusalReason
 from sessionfold.store import SessionStore
 from sessionfold.workers.settings import Settings

@@ -11,8 +11,8 @@ import anthropic
 import httpx2
 import pytest
 from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault, ToolUse
-from sessionfold.core.messages import load_conversation_file
 from sessionfold.core.retention import check_retention, extract_identifiers
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.tokens import default_counter
 from sessionfold.workers.providers.anthropic import AnthropicSummarizer
 

@@ -20,11 +20,11 @@ from sessionfold.core.messages import (
     Message,
     TextBlock,
     ToolUseBlock,
-    from_openai,
-    load_conversation_file,
     parse_message,
     parse_messages,
 )
+from sessionfold.core.openai_shape import from_openai
+from sessionfold.core.session_files import load_conversation_file
 
 
 def nested(levels: int, leaf: Any = "leaf") -> Any:

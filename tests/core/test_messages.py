@@ -19,13 +19,11 @@ from sessionfold.core.messages import (
     ToolUseBlock,
     check_tool_pairing,
     dump_messages,
-    from_openai,
-    load_conversation,
-    load_conversation_file,
     parse_message,
     parse_messages,
-    to_openai,
 )
+from sessionfold.core.openai_shape import to_openai
+from sessionfold.core.session_files import load_conversation, load_conversation_file
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 
@@ -266,13 +264,6 @@ def test_openai_system_messages_join_a_session_files_system() -> None:
         "Rules.\n\nBe brief.")
 
 
-def test_openai_non_object_arguments_are_kept_under_value() -> None:
-    conv = from_openai([{"role": "assistant", "tool_calls": [
-        {"id": "c", "function": {"name": "f", "arguments": "[1, 2]"}}]}])
-    block = conv.messages[0].blocks()[0]
-    assert isinstance(block, ToolUseBlock) and block.input == {"value": [1, 2]}
-
-
 def test_openai_round_trip() -> None:
     conv = load_conversation(OPENAI)
     back = to_openai(conv)
@@ -299,14 +290,17 @@ def test_to_openai_puts_tool_results_before_the_text_beside_them() -> None:
 @pytest.mark.parametrize(("raw", "index", "field", "words"), [
     ([{"role": "system", "content": "s"},
       {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "x",
-                                                                     "arguments": "{bad"}}]}],
-     1, "tool_calls[0].function.arguments", "not JSON"),
+                                                                     "arguments": {"a": 1}}}]}],
+     1, "tool_calls[0].function.arguments", "must be a JSON string"),
     ([{"role": "tool", "content": "x"}], 0, "tool_call_id", "required"),
     ([{"role": "system", "content": "s"}, {"role": "critic", "content": "x"}], 1, "role",
      "system, developer, user, assistant or tool"),
     ([{"role": "system", "content": "s"},
-      {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], 1, "content[0]",
-     "only text parts"),
+      {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], 1,
+     "content[0].image_url", "needs image_url.url"),
+    ([{"role": "system", "content": "s"},
+      {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], 1,
+     "content[0]", "no counterpart"),
     ([{"role": "assistant", "tool_calls": [{"function": {"name": "x"}}]}], 0, "tool_calls[0]",
      "needs an id"),
 ])

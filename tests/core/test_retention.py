@@ -15,7 +15,6 @@ from sessionfold.core.messages import (
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
-    load_conversation_file,
 )
 from sessionfold.core.retention import (
     check_retention,
@@ -25,6 +24,7 @@ from sessionfold.core.retention import (
     identifiers_remembered,
     mentions,
 )
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.window import WindowItem
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"

@@ -23,7 +23,6 @@ from sessionfold.core.messages import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
-    load_conversation_file,
 )
 from sessionfold.core.searchtext import (
     CHUNK_CHARS,
@@ -40,6 +39,7 @@ from sessionfold.core.searchtext import (
     token_words,
     tokens,
 )
+from sessionfold.core.session_files import load_conversation_file
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 _CODES = {"u": "_", "d": ".", "s": "/", "b": "\\", "h": "-", "c": ":", "a": "@", "p": "+",

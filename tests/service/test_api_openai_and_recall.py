@@ -9,7 +9,7 @@ from typing import Any
 
 from conftest import LiveApi
 from prometheus_client import REGISTRY
-from sessionfold.core.messages import from_openai
+from sessionfold.core.openai_shape import from_openai
 from sessionfold.service.tenancy import store_id
 from sessionfold.workers.fold_procedure import FoldJob, run_fold
 

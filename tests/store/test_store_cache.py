@@ -84,7 +84,7 @@ def test_a_window_read_names_each_decoded_items_json_size_and_none_for_a_cached_
     from pathlib import Path
 
     from sessionfold.core.compact import fold_window
-    from sessionfold.core.messages import load_conversation_file
+    from sessionfold.core.session_files import load_conversation_file
 
     data = Path(__file__).resolve().parents[1] / "data" / "transcripts"
     for n, path in enumerate(sorted(data.glob("*.json"))):
