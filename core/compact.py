@@ -71,12 +71,15 @@ from .layers import (
     clip_oversized,
     drop_recall_items,
     drop_thinking,
+    has_thinking,
     item_tokens,
+    last_assistant,
     mask_tool_results,
 )
 from .messages import Message, SummaryMark, check_tool_pairing, parse_message
 from .policy import FoldPolicy
 from .retention import (
+    IDENTIFIER_LIMIT,
     check_retention,
     excerpts,
     extract_identifiers,
@@ -113,7 +116,7 @@ if TYPE_CHECKING:
 __all__ = ["CompactResult", "FoldResult", "compact", "fold_window"]
 
 #: Identifiers the retention check compares at most (the most recurring of the span's own).
-RETENTION_LIMIT = 40
+RETENTION_LIMIT = IDENTIFIER_LIMIT
 #: Characters a summary repair reads either side of a missing identifier's latest mention.
 REPAIR_EXCERPT_CHARS = 160
 
@@ -415,8 +418,8 @@ class _Planner:
         limit = self.policy.max_item_tokens
         for pos, item in enumerate(self.items):
             if self.sizes.tokens(item) <= limit:
-                # An item's count is the sum of its texts' counts plus framing: none of its
-                # texts can be over the limit (most items; each would be counted again).
+                # The cap is the item's whole count: an item within it has nothing to clip
+                # (most items; clip_oversized would count their texts again).
                 continue
             new = clip_oversized(item, None, limit, self.sizes.counter)
             if new is not item and "clipped" in item.edits and self.originals is not None:
@@ -485,6 +488,14 @@ class _Planner:
                                    tokens_to_save=self.need(), size=self.sizes.tokens,
                                    counter=self.sizes.counter, memo=memo)
         self.apply_pass(result.items, result.saved, result.changed)
+        if name == "drop-thinking" and self.over():
+            # The layer kept it on purpose; a record short of its target says so.
+            last = last_assistant(self.items)
+            if (last is not None and has_thinking(self.items[last])
+                    and last in self.guarded().positions):
+                seq = self.items[last].start_seq
+                self.notes.append(f"drop-thinking kept the thinking of #{seq}, the last "
+                                  "assistant message (the API requires it)")
 
     # --- folding runs -----------------------------------------------------------------------
 
@@ -595,10 +606,15 @@ class _Planner:
             self.spans = [s for s in self.spans if s not in inner]
             usage = span.usage
             lost = list(span.lost_identifiers)
+            # The longer span read each inner summary (its chars_after) where the window had
+            # held what that summary replaced (its chars_before): count the latter.
+            chars = span.chars_before
             for s in inner:
                 usage = s.usage + usage
                 lost.extend(x for x in s.lost_identifiers if x not in lost)
-            span = span.model_copy(update={"usage": usage, "lost_identifiers": tuple(lost)})
+                chars += s.chars_before - s.chars_after
+            span = span.model_copy(update={"usage": usage, "lost_identifiers": tuple(lost),
+                                           "chars_before": chars})
         self.spans.append(span)
 
     # --- the replacements -------------------------------------------------------------------
@@ -958,7 +974,10 @@ def _load_items(messages: Sequence[Message], summaries: Sequence[SummaryMark], m
     for index, message in enumerate(messages):
         mark = marks.get(index)
         if mark is None:
-            item = WindowItem(start_seq=seq, end_seq=seq, message=message)
+            # Counted here (fold_window counts every item anyway), so clipping answers most
+            # messages from the count, and compact's own count of a clipped original is a hit.
+            item = WindowItem(start_seq=seq, end_seq=seq, message=message,
+                              tokens=counter.message(message))
             items.append(clip_oversized(item, seq, max_tokens, counter))
             seq += 1
             continue
@@ -994,10 +1013,12 @@ def compact(
     text starts like a frame line is a plain message. Seqs then run from 0: each plain message
     takes the next one, each marked summary its range (``pinned`` names these seqs).
 
-    Oversized tool results are clipped as the messages are loaded (``clip-oversized``,
-    always); then :func:`fold_window` runs. ``measured_tokens`` is the provider-reported size of
-    ``messages`` plus ``system`` as given (before clipping); without it the record's
-    ``measured_tokens`` is the estimate of the window as loaded (clipped).
+    Oversized messages are clipped as they are loaded (``clip-oversized``, always); then
+    :func:`fold_window` runs on the clipped window. ``measured_tokens`` is the provider-reported
+    size of ``messages`` plus ``system`` as given (before clipping); without it the record's
+    ``measured_tokens`` is the estimate of the input as given, before clipping too, so a record
+    of an input that only needed clipping shows what clipping saved (its outcome stays
+    ``nothing-to-fold``: a clip is not a fold; ``layers_run`` names ``clip-oversized``).
     """
     counter = counter or default_counter()
     parsed = [parse_message(m, i) for i, m in enumerate(messages)]
@@ -1007,24 +1028,25 @@ def compact(
     originals = {item.start_seq: parsed[i] for i, item in enumerate(loaded)
                  if item.kind == "message"}
     clipped = [i for i, item in enumerate(loaded) if item.edits]
+    # What clipping at load saved, in estimate tokens (counting the originals whole).
+    saved = sum(counter.message(parsed[i]) - item_tokens(loaded[i], counter) for i in clipped)
     measured = measured_tokens
     if clipped and measured_tokens is not None:
         # The provider measured the outputs whole; the window fold_window sees is clipped.
-        saved = sum(counter.message(parsed[i]) - item_tokens(loaded[i], counter)
-                    for i in clipped)
         measured = max(0, measured_tokens - saved)
     result = fold_window(loaded, policy, summarizer, system=system, measured_tokens=measured,
                          trigger=trigger, force=force, pinned=pinned, counter=counter,
                          originals=originals.get)
     record = result.record
     if clipped:
-        update: dict[str, Any] = {
+        record = record.model_copy(update={
             "layers_run": ("clip-oversized",
                            *(x for x in record.layers_run if x != "clip-oversized")),
             "chars_before": sum(_message_chars(m) for m in parsed),
-        }
-        if measured_tokens is not None:
-            update["measured_tokens"] = measured_tokens
-        record = record.model_copy(update=update)
+            # The size of the input as given: the provider's, else the estimate fold_window
+            # made of the clipped window plus what clipping took out of it.
+            "measured_tokens": (measured_tokens if measured_tokens is not None
+                                else record.measured_tokens + saved),
+        })
     return CompactResult(result.window, result.messages(), record, result.spans,
                          result.summarizer_error)

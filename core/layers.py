@@ -1,19 +1,24 @@
 """The cheap layers of a fold, as pure functions on window items.
 
-- :func:`clip_oversized` (always on, applied when a message enters the window): a single tool
-  result larger than ``max_item_ratio × budget`` keeps its head and tail, with a line between
+- :func:`clip_oversized` (always on, applied when a message enters the window): a message item
+  larger than ``max_item_ratio × budget`` has its texts clipped until the item as a whole fits
+  that cap, framing included; each clipped text keeps its head and tail, with a line between
   them naming its full size and the ledger seq that holds it whole. Agents do print 450 k-token
-  outputs: sent whole they overflow the model, dropped they lose the newest step. A user
-  message's own text (a string content, a text block) larger than that is clipped the same way:
-  a pasted 10 MB log is no easier for the model to take than a tool's, and the first user
-  message (the task) still shows its beginning and its end. Assistant messages are never
-  clipped. This is the only change ever made inside the keep window; the ledger keeps every
-  message whole.
+  outputs, and fan out reads: eight parallel tool results each under the cap can hold twice the
+  budget, sit in the keep window and leave a fold nothing to take. Sent whole they overflow the
+  model, dropped they lose the newest step. What is clipped is text: a tool's output (its
+  string, or each text part in place), a user's own text (a string content, a text block: a
+  pasted 10 MB log is no easier for the model to take than a tool's, and the first user
+  message, the task, still shows its beginning and its end) and a text document's data (the
+  same words in another wrapper). Images, binary documents (PDFs) and blocks sessionfold does
+  not read are never edited, only counted. Assistant messages are never clipped. This is the
+  only change ever made inside the keep window; the ledger keeps every message whole.
 - :func:`mask_tool_results`: old tool output is replaced by a stub naming its size and ledger
   seq (``tool_use_id`` and ``is_error`` kept). Free, and on real agent runs it saves about as
   much as summarizing.
 - :func:`drop_thinking`: thinking blocks of old assistant messages go; a message whose only
-  content was thinking keeps a one-line placeholder, so no message is ever emptied.
+  content was thinking keeps a one-line placeholder, so no message is ever emptied. The last
+  assistant message of the window always keeps its thinking (the API requires it).
 - :func:`drop_recall_items` (``drop-recall``, always on, the first thing a fold does): a recall
   exchange (the model asking ``sessionfold_recall`` and the client's answer, window items of
   kind ``"recall"``) leaves the window as a whole, for one line saying it was there. What it
@@ -44,9 +49,7 @@ from .frame import recall_hint
 from .messages import (
     Block,
     DocumentBlock,
-    ImageBlock,
     Message,
-    OpaqueBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -71,8 +74,10 @@ __all__ = [
     "drop_recall_items",
     "drop_thinking",
     "drop_thinking_item",
+    "has_thinking",
     "hinted_stubs",
     "item_tokens",
+    "last_assistant",
     "mask_item",
     "mask_tool_results",
     "recall_dropped_message",
@@ -150,17 +155,20 @@ def clip_text(text: str, seq: int, max_tokens: int) -> str | None:
     seq that holds it. The result itself fits in ``max_tokens``, so clipping a clipped output
     changes nothing.
     """
-    return _clip_text(text, seq, max_tokens, len(text))
-
-
-def _clip_text(text: str, seq: int, max_tokens: int, total: int | None, *,
-               tag: str = CLIP_TAG, whole: str = "output") -> str | None:
-    """Clip ``text``; ``total`` is the whole output's size (None: unknown, not named).
-
-    ``tag`` and ``whole`` name what was clipped on the seam line (a tool output by default).
-    """
     if not _exceeds(text, max_tokens):
         return None
+    return _cut(text, seq, max_tokens, len(text))
+
+
+def _cut(text: str, seq: int, max_tokens: int, total: int | None, *,
+         tag: str = CLIP_TAG, whole: str = "output") -> str | None:
+    """Head and tail of ``text`` (known to be over ``max_tokens``) with the seam line between
+    them; the result is at most ``max_tokens`` (from :data:`_MIN_SHARE` on). None if that
+    changes nothing.
+
+    ``total`` is the whole text's size (None: unknown, not named); ``tag`` and ``whole`` name
+    what was clipped on the seam line (a tool output by default).
+    """
     keep = max(0, max_tokens * 9 // 10 - 80)  # room for the seam line
     head = _fit(text, int(keep * _HEAD_SHARE), from_end=False)
     tail = _fit(text, keep - count_text(head), from_end=True) if keep else ""
@@ -179,61 +187,166 @@ def _clip_text(text: str, seq: int, max_tokens: int, total: int | None, *,
     return None if clipped == text else clipped
 
 
-def _clip_block(block: ToolResultBlock, seq: int, max_tokens: int,
-                whole: bool) -> ToolResultBlock | None:
-    text = block.output_text()
-    clipped = _clip_text(text, seq, max_tokens, len(text) if whole else None)
-    if clipped is None:
-        return None
-    rest = [] if isinstance(block.content, str) else [
-        p for p in block.content if not isinstance(p, TextBlock)
-    ]
-    content: str | list[TextBlock | ImageBlock | DocumentBlock | OpaqueBlock] = (
-        [TextBlock(text=clipped), *rest] if rest else clipped
-    )
-    return evolve(block, content=content)
+#: The fewest tokens a clipped text is given: its seam line alone takes up to ~63 (two sizes in
+#: the trillions and a ledger seq), so a smaller share would come out longer than its room.
+_MIN_SHARE = 64
+
+#: What a clip does to one clippable text, given the text and whether it is a tool's output
+#: (else the message's own words): its replacement, or None to keep it as it is.
+_TextEdit: TypeAlias = Callable[[str, bool], str | None]
 
 
-def _clip_own_text(text: str, seq: int, max_tokens: int, whole: bool) -> str | None:
-    """A message's own text (not a tool's output) clipped like one; None if it fits."""
-    return _clip_text(text, seq, max_tokens, len(text) if whole else None,
-                      tag=TEXT_CLIP_TAG, whole="message")
+def _edit_document(block: DocumentBlock, edit: _TextEdit, output: bool) -> DocumentBlock:
+    data = block.source.get("data")
+    if block.source.get("type") != "text" or not isinstance(data, str):
+        return block  # a PDF, a file or URL reference: bytes, not text; never clipped
+    new = edit(data, output)
+    return block if new is None else evolve(block, source={**block.source, "data": new})
 
 
-def _clip_text_block(block: TextBlock, seq: int, max_tokens: int,
-                     whole: bool) -> TextBlock | None:
-    clipped = _clip_own_text(block.text, seq, max_tokens, whole)
-    return None if clipped is None else evolve(block, text=clipped)
+def _edit_result(block: ToolResultBlock, edit: _TextEdit) -> ToolResultBlock:
+    if isinstance(block.content, str):
+        new = edit(block.content, True)
+        return block if new is None else evolve(block, content=new)
+    # Part by part, in place: an image keeps its position among the texts, and a part's own
+    # fields (cache_control, citations) stay on it.
+    parts = list(block.content)
+    for pos, part in enumerate(parts):
+        if isinstance(part, TextBlock):
+            text = edit(part.text, True)
+            if text is not None:
+                parts[pos] = evolve(part, text=text)
+        elif isinstance(part, DocumentBlock):
+            parts[pos] = _edit_document(part, edit, True)
+    if all(a is b for a, b in zip(parts, block.content, strict=True)):
+        return block
+    return evolve(block, content=parts)
 
 
-def _clip_message(message: Message, seq: int, max_tokens: int, *,
+def _edit_texts(message: Message, edit: _TextEdit) -> Message:
+    """``message`` with each of its clippable texts replaced by ``edit``'s answer (the same
+    object when ``edit`` keeps them all).
+
+    The clippable texts, in order: a string content, a text block, a text document's data
+    (``source.type == "text"``: the same words in another wrapper), and inside a tool result its
+    string content or its text parts and text documents. Images, binary documents and opaque
+    blocks are never edited; every field of every block is kept.
+    """
+    if isinstance(message.content, str):
+        new = edit(message.content, False)
+        return message if new is None else evolve(message, content=new)
+    blocks: list[Block] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            text = edit(block.text, False)
+            blocks.append(block if text is None else evolve(block, text=text))
+        elif isinstance(block, DocumentBlock):
+            blocks.append(_edit_document(block, edit, False))
+        elif isinstance(block, ToolResultBlock):
+            blocks.append(_edit_result(block, edit))
+        else:
+            blocks.append(block)
+    if all(a is b for a, b in zip(blocks, message.content, strict=True)):
+        return message
+    return evolve(message, content=blocks)
+
+
+def _texts(message: Message) -> list[str]:
+    """The clippable texts of ``message``, in the order :func:`_edit_texts` visits them."""
+    found: list[str] = []
+
+    def note(text: str, output: bool) -> None:
+        found.append(text)
+
+    _edit_texts(message, note)
+    return found
+
+
+def _blank(text: str, output: bool) -> str | None:
+    return "" if text else None
+
+
+def _upper_tokens(text: str) -> int:
+    """A bound no count of ``text`` exceeds (a token is at least one byte), found without
+    counting."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _count_upto(text: str, cap: int) -> int:
+    """``count_text(text)``, or ``cap + 1`` when it is more than ``cap`` (a huge text is
+    counted only as far as needed: :func:`_exceeds` reads it ``6 × cap`` characters at a time,
+    so a text of one such step is counted once, exactly)."""
+    if len(text) <= max(cap, 1) * 6:
+        return count_text(text)
+    return cap + 1 if _exceeds(text, cap) else count_text(text)
+
+
+def _shares(sizes: Sequence[int], room: int) -> list[int | None]:
+    """What each text may keep so that together they fit ``room`` tokens: None for a text
+    kept whole, else the tokens it is clipped to.
+
+    Texts no larger than an equal share of what is left keep whole, smallest first; the larger
+    ones share the rest equally, not in proportion to their sizes (a 500 k-token output beside
+    a 20 k-token one does not leave the smaller a sliver: both keep the same room, and what
+    the model reads of each is its head and tail anyway). A share is never below
+    :data:`_MIN_SHARE`: with more texts than seam lines fit, the item stays over.
+    """
+    shares: list[int | None] = [None] * len(sizes)
+    order = sorted(range(len(sizes)), key=sizes.__getitem__)
+    left = room
+    for n, pos in enumerate(order):
+        share = max(left, 0) // (len(order) - n)
+        if sizes[pos] <= share:
+            left -= sizes[pos]
+            continue
+        share = max(share, _MIN_SHARE)
+        for rest in order[n:]:
+            shares[rest] = share if sizes[rest] > share else None
+        break
+    return shares
+
+
+def _clip_message(message: Message, seq: int, max_tokens: int, counter: TokenCounter, *,
                   whole: bool = True) -> Message | None:
-    """``message`` with its oversized tool results and text clipped; None if none is.
+    """``message`` with its clippable texts clipped so that it fits ``max_tokens`` as a whole,
+    framing included; None if it fits already.
 
-    ``whole`` says the outputs are the originals (their length is the size the clip line names);
-    False for outputs clipped before whose original is not at hand (the size is left unnamed).
+    The room for the texts is the limit less what cannot be clipped (framing, images, binary
+    documents, opaque blocks); when those take more than three quarters of the limit the texts
+    still keep a quarter of it: the item is over the limit either way, and the user's words
+    beside a screenshot are not cut to a seam line for a cap that images alone break. Within
+    the room, texts share it as :func:`_shares` says, each clipped one keeping its head and tail.
+
+    ``whole`` says the texts are the originals (their length is the size the clip line names);
+    False for texts clipped before whose original is not at hand (the size is left unnamed).
     Only user messages: an assistant message is the model's own words (and its thinking fails
     its signature once changed, a clipped tool input is no longer the call that was made).
     """
     if message.role != "user":
         return None
-    if isinstance(message.content, str):
-        text = _clip_own_text(message.content, seq, max_tokens, whole)
-        return None if text is None else evolve(message, content=text)
-    changed = False
-    blocks: list[Block] = []
-    for block in message.content:
-        clipped: Block | None = None
-        if isinstance(block, ToolResultBlock):
-            clipped = _clip_block(block, seq, max_tokens, whole)
-        elif isinstance(block, TextBlock):
-            clipped = _clip_text_block(block, seq, max_tokens, whole)
-        if clipped is not None:
-            blocks.append(clipped)
-            changed = True
-            continue
-        blocks.append(block)
-    return evolve(message, content=blocks) if changed else None
+    texts = _texts(message)
+    if not texts:
+        return None
+    fixed = counter.fresh(_edit_texts(message, _blank))
+    room = max(max_tokens - fixed, max_tokens // 4)
+    if sum(_upper_tokens(t) for t in texts) <= room:
+        return None  # most messages: known to fit without counting their texts
+    sizes = [_count_upto(t, max_tokens) for t in texts]
+    if sum(sizes) <= room:
+        return None
+    shares = iter(_shares(sizes, room))
+
+    def clip(text: str, output: bool) -> str | None:
+        share = next(shares)
+        if share is None:
+            return None
+        total = len(text) if whole else None
+        if output:
+            return _cut(text, seq, share, total)
+        return _cut(text, seq, share, total, tag=TEXT_CLIP_TAG, whole="message")
+
+    clipped = _edit_texts(message, clip)
+    return None if clipped is message else clipped
 
 
 @overload
@@ -251,36 +364,47 @@ def clip_oversized(target: Message, seq: int | None, max_tokens: int,
 def clip_oversized(target: WindowItem | Message, seq: int | None, max_tokens: int,
                    counter: TokenCounter | None = None, *,
                    original: Message | None = None) -> WindowItem | Message:
-    """Clip every tool result and text of ``target`` that is larger than ``max_tokens`` tokens.
+    """Clip the texts of ``target`` so that it fits ``max_tokens`` tokens as a whole.
+
+    The cap is per item, not per block: a user message holding eight parallel tool outputs
+    (agents fan out reads), each under the limit, is clipped as one (see :func:`_clip_message`:
+    what cannot be clipped is counted first, outputs small enough keep whole, the large ones
+    share the rest).
 
     ``target`` is a window item (``seq`` defaults to its ``start_seq``; the result carries the
     ``"clipped"`` edit and a fresh token count) or a bare message, taken as the original
     (``seq`` required: it is the ledger seq the clip line names). Returns ``target`` itself when
-    nothing is oversized.
+    it fits.
 
     An item that was clipped before and is still too large (its policy shrank) is clipped again
     from ``original``, its ledger message, so the clip line names the original's size; without
-    it the current text is clipped and the size left unnamed.
+    it the current text is clipped and the size left unnamed. Clipping is idempotent: a clipped
+    item fits its limit (unless images and binary documents alone break it, see
+    :func:`_clip_message`), and its clipped texts fit their shares again.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    c = counter or default_counter()
     if isinstance(target, Message):
         if seq is None:
             raise ValueError("clip_oversized needs the ledger seq of a bare message")
-        return _clip_message(target, seq, max_tokens) or target
+        return _clip_message(target, seq, max_tokens, c) or target
     if target.kind != "message":
         return target
+    if target.tokens is not None and target.tokens <= max_tokens:
+        return target  # the item fits as a whole (most appends: their count is at hand)
     at = target.start_seq if seq is None else seq
     if "clipped" not in target.edits:
-        clipped = _clip_message(target.message, at, max_tokens)
-    elif _clip_message(target.message, at, max_tokens, whole=False) is None:
+        clipped = _clip_message(target.message, at, max_tokens, c)
+    elif _clip_message(target.message, at, max_tokens, c, whole=False) is None:
         return target  # clipped before, and it fits
     else:
-        clipped = ((_clip_message(original, at, max_tokens) if original is not None else None)
-                   or _clip_message(target.message, at, max_tokens, whole=False))
+        clipped = ((_clip_message(original, at, max_tokens, c) if original is not None
+                    else None)
+                   or _clip_message(target.message, at, max_tokens, c, whole=False))
     if clipped is None:
         return target
-    return _with_edit(target, clipped, "clipped", counter or default_counter())
+    return _with_edit(target, clipped, "clipped", c)
 
 
 # --- mask-tool-results -------------------------------------------------------------------------
@@ -450,10 +574,34 @@ def drop_thinking(items: Sequence[WindowItem], eligible: Iterable[int], *,
                   counter: TokenCounter | None = None,
                   memo: LayerMemo | None = None) -> LayerPass:
     """Drop thinking from the items at positions ``eligible``, oldest first, until enough saved
-    (``memo``: as for :func:`mask_tool_results`)."""
+    (``memo``: as for :func:`mask_tool_results`).
+
+    The last assistant message of ``items`` keeps its thinking even when eligible (no keep
+    window protects it under ``keep_recent_turns=0``): with extended thinking the Messages API
+    refuses a request whose final assistant message, the one whose tool calls the last
+    tool_result answers, does not start with its thinking block ("a final assistant message
+    must start with a thinking block"), so thinning it would break the agent's next call.
+    """
     c = counter or default_counter()
-    return _run(drop_thinking_item, items, eligible, tokens_to_save,
-                size or (lambda it: item_tokens(it, c)), c, memo)
+    last = last_assistant(items)
+    return _run(drop_thinking_item, items, (pos for pos in eligible if pos != last),
+                tokens_to_save, size or (lambda it: item_tokens(it, c)), c, memo)
+
+
+def last_assistant(items: Sequence[WindowItem]) -> int | None:
+    """The position of the window's last assistant message (a recall call included), whose
+    thinking :func:`drop_thinking` keeps; None if there is none."""
+    return next((pos for pos in range(len(items) - 1, -1, -1)
+                 if items[pos].message.role == "assistant"), None)
+
+
+def has_thinking(item: WindowItem) -> bool:
+    """Whether ``item`` is a message item holding thinking that :func:`drop_thinking_item`
+    would drop."""
+    return (item.kind == "message" and item.message.role == "assistant"
+            and not isinstance(item.message.content, str)
+            and any(isinstance(b, ThinkingBlock | RedactedThinkingBlock)
+                    for b in item.message.content))
 
 
 # --- drop-recall -------------------------------------------------------------------------------
@@ -524,15 +672,19 @@ def _hint_block(block: Block, seq: int, item: WindowItem, first: bool) -> Block:
             return block if text == block.content else evolve(block, content=text)
         if "clipped" not in item.edits:
             return block
+        # Each text part is clipped in place. Only the first one starts the output's searchable
+        # text (the parts joined), so only its seam can name an offset; a text document's seam
+        # is left as written: recall reads a message's text, never a document.
         parts = list(block.content)
         for i, part in enumerate(parts):
-            if isinstance(part, TextBlock):  # a clipped output keeps its text in the first part
+            if isinstance(part, TextBlock):
                 hinted = _hint_seams(part.text, seq, first=first)
+                first = False
                 if hinted != part.text:
                     parts[i] = evolve(part, text=hinted)
-                    return evolve(block, content=parts)
-                return block
-        return block
+        if all(a is b for a, b in zip(parts, block.content, strict=True)):
+            return block
+        return evolve(block, content=parts)
     if isinstance(block, TextBlock) and "clipped" in item.edits and item.message.role == "user":
         hinted = _hint_seams(block.text, seq, first=first)
         return block if hinted == block.text else evolve(block, text=hinted)

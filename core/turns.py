@@ -12,7 +12,10 @@ and so is the line a dropped one leaves. Cuts fall only between turns, so a ``to
 
 Protection names why a turn may not be folded (refusals are data, not log lines):
 
-- ``first-user``: the task, the first user message that is not a summary (``keep_first_user``);
+- ``first-user``: the task, the first user message that says something of its own (text, an
+  image, a document: not only tool results, and not a summary) (``keep_first_user``). A log
+  may open with an assistant tool call (an agent that runs ``git status`` before the human
+  speaks): the message answering it carries a tool's output, not the task;
 - ``pinned``: a turn holding a seq the caller pinned;
 - ``unresolved-tool-call``: a turn whose ``tool_use`` has no ``tool_result`` yet;
 - ``inside-keep-window``: the last ``keep_recent_turns`` turns. They are counted as *assistant
@@ -32,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from .messages import Message, ToolUseBlock
+from .messages import Message, ToolResultBlock, ToolUseBlock
 from .policy import FoldPolicy
 from .window import Refusal, RefusalReason, WindowItem
 
@@ -100,6 +103,15 @@ class Turn:
             return []
         answered = {i for item in self.items for i in item.message.tool_result_ids()}
         return [i for i in asked if i not in answered]
+
+
+def _states_task(message: Message) -> bool:
+    """Whether ``message`` is a user's own word (text, an image, a document...), not only the
+    results of tool calls: the first such message is the task."""
+    if message.role != "user":
+        return False
+    return isinstance(message.content, str) or not all(
+        isinstance(b, ToolResultBlock) for b in message.content)
 
 
 def _answers(message: Message) -> bool:
@@ -200,7 +212,7 @@ def protect(items: Sequence[WindowItem], policy: FoldPolicy,
     first_user: int | None = None
     if policy.keep_first_user:
         first_user = next((item.start_seq for item in items
-                           if item.kind == "message" and item.message.role == "user"), None)
+                           if item.kind == "message" and _states_task(item.message)), None)
     unresolved = frozenset(turn.start_seq for turn in turns if turn.unresolved_tool_use_ids())
     return Protection(first_user_seq=first_user,
                       keep_from_seq=_keep_from_seq(turns, policy.keep_recent_turns),

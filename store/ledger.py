@@ -144,11 +144,9 @@ def _window_item(seq: int, message: Message, tokens: int, policy: FoldPolicy,
                  counter: TokenCounter, kind: ItemKind = "message") -> WindowItem:
     item = WindowItem.model_construct(start_seq=seq, end_seq=seq, kind=kind,
                                       message=message, edits=(), version=0, tokens=tokens)
-    # A tool result can only be oversized if the whole message is near the limit: skip the
-    # per-block check for the (vast) majority of messages.
-    if tokens > policy.max_item_tokens * 9 // 10:
-        item = clip_oversized(item, seq, policy.max_item_tokens, counter)
-    return item
+    # The cap is on the whole item: clip_oversized answers from ``tokens`` for the (vast)
+    # majority of messages that fit it, and clips the texts of one that does not.
+    return clip_oversized(item, seq, policy.max_item_tokens, counter)
 
 
 def _new_tool_use_ids(conn: Connection, sid: str, messages: Sequence[Message],

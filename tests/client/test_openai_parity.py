@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletionMessage
 from sessionfold.client import AsyncClient, Client, SessionHandle, connect
 from sessionfold.client.shapes import HeldAppend, detect_shape
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError, ToolPairingError
-from sessionfold.core.messages import from_openai
+from sessionfold.core.openai_shape import from_openai
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.workers.fold_procedure import FoldJob, run_fold
 from sessionfold.workers.settings import Settings
@@ -29,8 +29,8 @@ def client(make_settings: Callable[..., Settings], database_url: str) -> Iterato
         yield c
 
 
-def agent(client: Client, sid: str = "oa-1") -> SessionHandle:
-    return client.session(sid, policy=POLICY, system=SYSTEM)
+def agent(client: Client, sid: str = "oa-1", policy: FoldPolicy = POLICY) -> SessionHandle:
+    return client.session(sid, policy=policy, system=SYSTEM)
 
 
 # --- OpenAI chat messages, as an OpenAI agent keeps them ----------------------------------------
@@ -228,7 +228,9 @@ def assert_tool_pairing(messages: list[dict[str, Any]]) -> None:
 
 
 def test_tool_pairing_holds_in_the_openai_window_after_a_fold(client: Client) -> None:
-    handle = agent(client)
+    # Two results of ~1,600 tokens a message: under a cap of half the budget, so they are not
+    # clipped on append and the fold has turns of parallel calls to summarize.
+    handle = agent(client, policy=POLICY.model_copy(update={"max_item_ratio": 0.5}))
     handle.append([{"role": "system", "content": SYSTEM}, user("Audit the payout logs.")])
     for step in range(12):
         handle.append([calls((f"s{step}a", f"cat a{step}.log"), (f"s{step}b", f"cat b{step}.log"),

@@ -29,11 +29,11 @@ from sessionfold.core.messages import (
     Message,
     SummaryMark,
     check_tool_pairing,
-    load_conversation_file,
     parse_message,
     parse_messages,
 )
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary, render_transcript
 from sessionfold.core.tokens import Calibration, TokenCounter
 from sessionfold.core.turns import group_turns, protect
@@ -224,6 +224,12 @@ def test_when_the_summary_is_larger_than_expected_the_next_turns_are_folded_into
     assert len(result.spans) == 1
     assert result.spans[0].usage.calls == len(summarizer.calls)
     assert [i.kind for i in result.window].count("summary") == 1
+    # The one span counts the characters of the messages it took out of the window, not the
+    # first round's summary that the second round read in their place.
+    span = result.spans[0]
+    folded = [i for i in items(conversation(14)) if span.start_seq <= i.start_seq <= span.end_seq]
+    assert span.chars_before == sum(len(i.message.model_dump_json(exclude_unset=True))
+                                    for i in folded)
 
 
 # --- refusals ----------------------------------------------------------------------------------
@@ -716,3 +722,38 @@ def test_a_session_with_server_tool_blocks_folds_and_keeps_them_whole_or_summari
     check_tool_pairing(result.messages)
     rendered = render_transcript(parse_messages(raw[1:3]))
     assert "(server_tool_use)" in rendered and "(web_search_tool_result)" in rendered
+
+
+def test_without_a_keep_window_drop_thinking_still_keeps_the_last_assistants_thinking() -> None:
+    messages = [Message(role="user", content="go")]
+    for n in range(4):
+        messages += [
+            parse_message({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "reasoning " * 600, "signature": "sig"},
+                {"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {"command": "ls"}}]}),
+            parse_message({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"t{n}", "content": "short"}]})]
+    policy = FoldPolicy(budget_tokens=1000, keep_recent_turns=0, layers=("drop-thinking",))
+    result = compact(messages, policy, None, counter=COUNTER)
+    assert [i.start_seq for i in result.window if "thinking-dropped" in i.edits] == [1, 3, 5]
+    assert result.messages[7] == messages[7]
+    assert result.record.tokens_after > policy.target_tokens  # it would have saved enough
+    assert "drop-thinking kept the thinking of #7, the last assistant message" in \
+        result.record.detail
+
+
+def test_compact_reports_the_input_size_before_clipping_when_no_provider_size_is_given() -> None:
+    # An input that only needed clipping: the record says what it was and what clipping left,
+    # not "8,620 -> 8,620"; clipping is not a fold.
+    messages = conversation(2)
+    messages[-1] = parse_message({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t2", "content": "y " * 20_000}]})
+    policy = FoldPolicy(budget_tokens=20_000, max_item_ratio=0.1)
+    result = compact(messages, policy, None, counter=COUNTER)
+    record = result.record
+    assert record.outcome == "nothing-to-fold" and record.layers_run == ("clip-oversized",)
+    assert record.measured_by == "estimate"
+    assert record.measured_tokens == COUNTER.messages(messages)
+    assert record.tokens_after == COUNTER.messages(result.messages) < record.measured_tokens
+    reported = compact(messages, policy, None, counter=COUNTER, measured_tokens=30_000)
+    assert reported.record.measured_tokens == 30_000

@@ -9,7 +9,9 @@ Whatever the policy, the summarizer (offline, hostile, failing, bloated, absent)
 - every ledger seq is covered by exactly one window item, in order;
 - a summary or notice says exactly which range it stands for, its frame comes first, and at most
   one leads each run of foldable history (right after the task or a pinned turn);
-- the first user message and the last keep_recent_turns turns are untouched (clipping aside);
+- the first user message (the first that is not only tool results) and the last
+  keep_recent_turns turns are untouched (clipping aside);
+- the last assistant message keeps its thinking, keep window or not;
 - after a fold the window is at or under the target, or the record says why not;
 - the edit names exactly the items removed or changed, and their replacements;
 - recall exchanges (window items of kind "recall") are kept whole or dropped whole, never split
@@ -49,11 +51,11 @@ from sessionfold.core.messages import (
     ThinkingBlock,
     ToolResultBlock,
     check_tool_pairing,
-    load_conversation_file,
     parse_message,
 )
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import extract_identifiers
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer, Summary
 from sessionfold.core.tokens import TokenCounter
 from sessionfold.core.window import CompactionRecord, SummarizerUsage, WindowItem
@@ -100,7 +102,10 @@ def untouchable(ledger: Sequence[Message], policy: FoldPolicy, pinned: Sequence[
     """(seqs that must stay untouched but for clipping, seqs after which a summary may sit)."""
     kept: set[int] = set()
     anchors: set[int] = set()
-    first_user = next((i for i, m in enumerate(ledger) if m.role == "user"), None)
+    # The task: the first user message with words of its own, not only a tool's results.
+    first_user = next((i for i, m in enumerate(ledger) if m.role == "user" and not (
+        isinstance(m.content, list) and all(isinstance(b, ToolResultBlock) for b in m.content))),
+        None)
     if policy.keep_first_user and first_user is not None:
         kept.add(first_user)
         anchors.add(first_user)
@@ -229,6 +234,10 @@ def check_window(ledger: Sequence[Message], window: Sequence[WindowItem], policy
             assert window[pos - 1].end_seq in anchors, \
                 f"summary #{item.start_seq} is not at the head of its run"
     check_tool_pairing([item.message for item in window])
+    # With extended thinking the API wants the final assistant message's thinking back.
+    last = next((i for i in reversed(window) if i.message.role == "assistant"), None)
+    if last is not None and last.kind == "message":
+        assert "thinking-dropped" not in last.edits, "the last assistant message was thinned"
 
 
 def window_estimate(window: Sequence[WindowItem], system: str = "") -> int:
@@ -325,9 +334,15 @@ def output(rng: random.Random, lines: int) -> str:
 def conversations(draw: st.DrawFn) -> list[Message]:
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     steps = draw(st.lists(st.sampled_from(
-        ["tool", "tool", "tool", "multi", "chat", "think", "think-only", "big"]),
+        ["tool", "tool", "tool", "multi", "fan", "chat", "think", "think-only", "big"]),
         max_size=30))
     messages = [Message(role="user", content=words(rng, rng.randint(3, 60)))]
+    if draw(st.booleans()):  # the agent's own call before the human speaks (`git status`)
+        messages[:0] = [
+            parse_message({"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_boot", "name": "bash", "input": {"c": "ls"}}]}),
+            parse_message({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_boot", "content": output(rng, 3)}]})]
     n = 0
     for kind in steps:
         if kind in ("chat", "think-only"):
@@ -337,7 +352,7 @@ def conversations(draw: st.DrawFn) -> list[Message]:
             messages.append(parse_message({"role": "assistant", "content": content}))
             messages.append(Message(role="user", content=words(rng, rng.randint(1, 40))))
             continue
-        calls = 2 if kind == "multi" else 1
+        calls = {"multi": 2, "fan": 6}.get(kind, 1)  # a fan: parallel reads, as agents do
         blocks: list[dict[str, Any]] = []
         if kind == "think":
             blocks.append({"type": "thinking", "thinking": words(rng, 120), "signature": "s"})
@@ -352,7 +367,8 @@ def conversations(draw: st.DrawFn) -> list[Message]:
         messages.append(parse_message({"role": "assistant", "content": blocks}))
         results: list[dict[str, Any]] = []
         for tool_id in ids:
-            lines = rng.choice([1, 3, 20, 60]) if kind != "big" else 900
+            lines = {"big": 900, "fan": rng.choice([20, 60, 150])}.get(
+                kind, rng.choice([1, 3, 20, 60]))
             result: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_id,
                                       "content": output(rng, lines)}
             if rng.random() < 0.2:

@@ -212,3 +212,22 @@ def test_drop_thinking_leaves_messages_without_thinking_alone() -> None:
     items = [item(thinking_message(with_text=True), seq=0), plain]
     passed = drop_thinking(items, [1], tokens_to_save=10**9, counter=COUNTER)
     assert passed.changed == () and passed.items == items
+
+
+def test_drop_thinking_never_thins_the_last_assistant_message_of_the_window() -> None:
+    # With extended thinking the API refuses a final assistant message (the one the last
+    # tool_result answers) that does not start with its thinking: no keep window may be
+    # protecting it (keep_recent_turns=0), so the layer itself keeps it.
+    def call(n: int) -> Message:
+        return parse_message({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "let me think " * 100, "signature": "sig"},
+            {"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {"command": "ls"}}]})
+
+    messages = [Message(role="user", content="go")]
+    for n in range(3):
+        messages += [call(n), result_message("short", tool_id=f"t{n}")]
+    items = items_from_messages(messages)
+    passed = drop_thinking(items, range(len(items)), tokens_to_save=10**9, counter=COUNTER)
+    assert passed.changed == (1, 3)
+    assert passed.items[5] is items[5]
+    assert passed.items[5].message.blocks()[0].type == "thinking"

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sessionfold.core.errors import UsageUnmeasurableError
 from sessionfold.core.messages import (
+    DocumentBlock,
     ImageBlock,
     Message,
     TextBlock,
@@ -22,8 +23,12 @@ from sessionfold.core.messages import (
 )
 from sessionfold.core.tokens import (
     BLOCK_OVERHEAD,
+    DOCUMENT_TOKENS,
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD,
+    PDF_BYTES_PER_PAGE,
+    PDF_MAX_PAGES,
+    PDF_PAGE_TOKENS,
     Calibration,
     TokenCounter,
     count_text,
@@ -65,7 +70,7 @@ def test_short_ascii_texts_count_exactly_what_tiktoken_counts(text: str) -> None
 
 
 def test_every_short_transcript_string_counts_exactly_what_tiktoken_counts() -> None:
-    from sessionfold.core.messages import load_conversation_file
+    from sessionfold.core.session_files import load_conversation_file
 
     checked = 0
     for path in sorted(TRANSCRIPTS.glob("*.json")):
@@ -122,6 +127,42 @@ def test_tool_blocks_and_images_are_counted() -> None:
     assert counter.message(call) > MESSAGE_OVERHEAD + BLOCK_OVERHEAD + count_text("bash")
     assert counter.message(result) >= 300
     assert counter.message(image) == MESSAGE_OVERHEAD + BLOCK_OVERHEAD + IMAGE_TOKENS
+
+
+def pdf(size: int) -> Message:
+    """A user message holding a base64 PDF of ``size`` bytes."""
+    data = "A" * ((4 * size + 2) // 3)  # base64 carries three bytes in four characters
+    return Message(role="user", content=[DocumentBlock(source={
+        "type": "base64", "media_type": "application/pdf", "data": data})])
+
+
+def document_tokens(message: Message) -> int:
+    return TokenCounter().message(message) - MESSAGE_OVERHEAD - BLOCK_OVERHEAD
+
+
+def test_a_base64_pdf_is_estimated_from_its_size_page_by_page() -> None:
+    # Each page is billed as its text and an image of it; a page is taken per 32 KiB begun.
+    assert PDF_PAGE_TOKENS == DOCUMENT_TOKENS + IMAGE_TOKENS
+    assert document_tokens(pdf(900)) == PDF_PAGE_TOKENS
+    assert document_tokens(pdf(PDF_BYTES_PER_PAGE)) == PDF_PAGE_TOKENS
+    assert document_tokens(pdf(PDF_BYTES_PER_PAGE + 1)) == 2 * PDF_PAGE_TOKENS
+    # The 3 MB "200-page contract" that used to count as 1,500 tokens.
+    assert document_tokens(pdf(3_000_000)) == 92 * PDF_PAGE_TOKENS
+
+
+def test_a_pdf_estimate_stops_at_the_pages_one_request_may_hold() -> None:
+    assert document_tokens(pdf(40_000_000)) == PDF_MAX_PAGES * PDF_PAGE_TOKENS
+
+
+def test_a_text_document_counts_as_its_text_and_one_given_by_reference_as_a_page() -> None:
+    text = DocumentBlock(source={"type": "text", "media_type": "text/plain",
+                                 "data": "the spec says " * 500})
+    assert document_tokens(Message(role="user", content=[text])) == count_text(
+        "the spec says " * 500)
+    for source in ({"type": "url", "url": "https://example.com/a.pdf"},
+                   {"type": "file", "file_id": "file_011"}):
+        by_reference = Message(role="user", content=[DocumentBlock(source=source)])
+        assert document_tokens(by_reference) == DOCUMENT_TOKENS
 
 
 def test_counts_are_cached_by_content_and_the_cache_is_bounded() -> None:

@@ -132,6 +132,33 @@ def test_the_first_user_message_is_the_first_that_is_not_a_summary() -> None:
     assert protection.reason(group_turns(items)[0]) is None
 
 
+def test_the_task_is_the_first_user_message_that_says_something_of_its_own() -> None:
+    # The log opens with the agent's own tool call (a `git status` before the human speaks):
+    # the message answering it holds a tool's output, not the task.
+    messages = [call(90), result(90), user("TASK: rotate the keys of ACCT-4242"), *agent_run(6)[1:]]
+    items = items_from_messages(messages)
+    turns = group_turns(items)
+    protection = protect(items, POLICY)
+    assert protection.first_user_seq == 2
+    assert protection.reason(turns[0]) is None  # the bootstrap turn may be folded
+    assert protection.reason(turns[1]) == "first-user"
+
+
+def test_a_tool_result_beside_an_image_or_text_is_the_users_own_word() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "AAAA"}}
+    for extra in (image, {"type": "text", "text": "and here is the screenshot"}):
+        answer_and_word = parse_message({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t90", "content": "ok"}, extra]})
+        items = items_from_messages([call(90), answer_and_word, *agent_run(3)[1:]])
+        assert protect(items, POLICY).first_user_seq == 1
+
+
+def test_a_log_of_tool_results_only_protects_no_first_user_message() -> None:
+    items = items_from_messages([msg for n in range(4) for msg in (call(n), result(n))])
+    assert protect(items, POLICY).first_user_seq is None
+
+
 def test_a_pinned_seq_protects_its_whole_turn() -> None:
     items = items_from_messages(agent_run(8))
     protection = protect(items, FoldPolicy(budget_tokens=10_000, keep_recent_turns=2),
