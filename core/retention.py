@@ -38,6 +38,7 @@ from .frame import EarlierFold
 from .messages import Message, TextBlock, ToolUseBlock
 
 __all__ = [
+    "IDENTIFIER_LIMIT",
     "RetentionResult",
     "check_retention",
     "excerpts",
@@ -46,6 +47,11 @@ __all__ = [
     "identifiers_remembered",
     "mentions",
 ]
+
+#: The most identifiers of a span the retention check compares: its most recurring ones. A
+#: summary is expected to carry this many whatever their length (the extractive summarizer lists
+#: them all); the planner's ``RETENTION_LIMIT`` is this count.
+IDENTIFIER_LIMIT = 40
 
 # File extensions a bare file name must carry to count (a slash-separated path may carry any).
 # Extensions that double as common attribute names (``math.log``, ``mock.patch``, ``django.conf``,
@@ -230,7 +236,7 @@ def identifiers_remembered() -> Iterator[None]:
 
 
 def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
-                        limit: int = 40) -> list[str]:
+                        limit: int = IDENTIFIER_LIMIT) -> list[str]:
     """The identifiers ``messages`` named, the most recurring first, at most ``limit``.
 
     Ties keep the order of first mention. Identifiers that ``exclude`` (an earlier summary's

@@ -21,9 +21,10 @@ Two implementations ship, one here and one beside the runtime:
   any other status, an empty answer, a refusal or a context-window stop become
   :class:`PermanentSummarizerError`.
 - :class:`ExtractiveSummarizer` writes a bounded, deterministic digest without any model: the
-  identifiers first (so it passes the retention check), then the requests and the agent's latest
-  notes. It serves demos, tests and sessions whose owners want no summarizer cost. Its usage
-  reports one call and zero tokens: it costs no provider anything.
+  identifiers first, every one the retention check counts whatever its length (so it passes the
+  check), then the requests and the agent's latest notes. It serves demos, tests and sessions
+  whose owners want no summarizer cost. Its usage reports one call and zero tokens: it costs no
+  provider anything.
 
 Test doubles (failing or scripted summarizers) live in the tests, not here.
 """
@@ -48,7 +49,7 @@ from .messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .retention import extract_identifiers, find_identifiers
+from .retention import IDENTIFIER_LIMIT, extract_identifiers, find_identifiers
 from .window import SummarizerUsage
 
 __all__ = [
@@ -197,16 +198,29 @@ def _first_sentences(messages: Iterable[Message], room: int) -> str:
 
 
 class ExtractiveSummarizer:
-    """An offline, deterministic summarizer: no model, bounded to ``max_chars``.
+    """An offline, deterministic summarizer: no model, bounded to ``max_chars``, or to the
+    identifiers it must keep when they need more.
 
     The text is built in this order, each part within what is left of ``max_chars``:
 
     1. ``Identifiers:`` the ``must_keep`` ones, then the span's own (most recurring first, as the
-       retention check ranks them), then those the previous summary carried;
+       retention check ranks them), then those the previous summary carried. The first
+       :data:`~.retention.IDENTIFIER_LIMIT` (40) of them, and every ``must_keep`` one, are listed
+       however long they are: they hold every identifier the retention check counts (the span's
+       40 most recurring that the previous summary does not name), and a Claude Code session
+       names its files by absolute paths of 80-100 characters, 40 of which do not fit in 1,200
+       characters. The others fill what is left of the line's share of ``max_chars`` (all of it
+       but :attr:`prose_reserve`), so rolling folds do not pile identifiers up;
     2. ``Earlier:`` the previous summary's other text, clipped;
     3. ``Requests:`` the first sentence of each user request in the span;
     4. ``Latest notes:`` the first sentence of the agent's latest texts, newest first;
     5. ``Tool calls:`` how many, by tool name.
+
+    The text is at most ``max_chars`` long, unless the identifiers listed whatever their length
+    need more: then it is their line and at most :attr:`prose_reserve` characters of prose. Such
+    a summary is still smaller than the span it stands for, which named each of the span's own
+    identifiers in its text and said more around them (the span of a planner's fold is at least
+    one turn of the agent's, with its frame and tool calls).
 
     Usage: one call, zero tokens (nothing is billed), ``model`` as given.
     """
@@ -224,6 +238,13 @@ class ExtractiveSummarizer:
     def __repr__(self) -> str:
         return f"ExtractiveSummarizer(max_chars={self.max_chars}, model={self.model!r})"
 
+    @property
+    def prose_reserve(self) -> int:
+        """Characters of ``max_chars`` the identifiers leave to the prose sections when they
+        can (a fifth, at most 200): all the prose a summary whose identifiers need more than
+        ``max_chars`` holds."""
+        return min(200, self.max_chars // 5)
+
     def summarize(self, messages: Sequence[Message], *, previous_summary: str | None = None,
                   must_keep: Sequence[str] = ()) -> Summary:
         if not messages:
@@ -234,17 +255,21 @@ class ExtractiveSummarizer:
             prev_lines and prev_lines[0].startswith("Identifiers: ")) else []
         prev_rest = _one_line(" ".join(
             line for line in prev_lines if not line.startswith("Identifiers: ")))
-        wanted = [_one_line(k) for k in must_keep if k.strip()]
-        wanted += extract_identifiers(messages)
-        wanted += prev_ids + find_identifiers(previous)
-        identifiers = list(dict.fromkeys(wanted))
-
-        budget = self.max_chars
-        lines: list[str] = []
-        ids_line = self._identifiers_line(identifiers, budget)
-        if ids_line:
-            lines.append(ids_line)
-            budget -= len(ids_line) + 1
+        # Kept whatever their length: ``must_keep``, and what the planner's retention check
+        # counts, the span's own identifiers less those the previous summary names; then the
+        # others, up to the check's count (a rolling fold so carries the previous summary's
+        # first ones on).
+        own = extract_identifiers(messages, limit=IDENTIFIER_LIMIT)
+        counted = extract_identifiers(messages, exclude=previous, limit=IDENTIFIER_LIMIT) if (
+            previous) else own
+        kept = list(dict.fromkeys([*(_one_line(k) for k in must_keep if k.strip()), *counted]))
+        identifiers = list(dict.fromkeys([*kept, *own, *prev_ids, *find_identifiers(previous)]))
+        keep = set(identifiers[:max(len(kept), IDENTIFIER_LIMIT)])
+        ids_line = self._identifiers_line(identifiers, keep, self.max_chars - self.prose_reserve)
+        # The prose has what the identifiers leave of max_chars, and its reserve at least.
+        limit = max(self.max_chars, len(ids_line) + self.prose_reserve)
+        lines = [ids_line] if ids_line else []
+        budget = limit - len(ids_line) - 1 if ids_line else limit
 
         sections = self._sections(messages, prev_rest, room=self.max_chars)
         for index, (label, text) in enumerate(sections):
@@ -256,23 +281,25 @@ class ExtractiveSummarizer:
         text = "\n".join(lines)
         if not text:
             text = _clip(_one_line(render_transcript(messages)), self.max_chars)
-        return Summary(text=text[: self.max_chars],
-                       usage=SummarizerUsage(model=self.model, calls=1))
+        return Summary(text=text[:limit], usage=SummarizerUsage(model=self.model, calls=1))
 
     @staticmethod
-    def _identifiers_line(identifiers: Sequence[str], budget: int) -> str:
-        # Identifiers take what they need first: they are what the retention check counts.
-        # Keep a little room for the prose sections when the budget is tight.
-        room = budget - min(200, budget // 5)
-        chosen: list[str] = []
-        size = len("Identifiers: ")
+    def _identifiers_line(identifiers: Sequence[str], kept: set[str], room: int) -> str:
+        """``Identifiers:`` and ``identifiers`` in their order: every one in ``kept``, whatever
+        the room (the retention check counts them: a summary without them is refused), and of
+        the others those that fit in what ``kept`` leaves of ``room`` characters."""
+        # The line's length as names are added, each after a "; " (the first has none).
+        size = len("Identifiers: ") - 2 + sum(len(i) + 2 for i in identifiers if i in kept)
+        chosen = set(kept)
         for ident in identifiers:
-            cost = len(ident) + (2 if chosen else 0)
-            if size + cost > room:
+            if ident in chosen:
+                continue
+            if size + len(ident) + 2 > room:
                 continue  # a shorter identifier further down may still fit
-            chosen.append(ident)
-            size += cost
-        return "Identifiers: " + "; ".join(chosen) if chosen else ""
+            chosen.add(ident)
+            size += len(ident) + 2
+        listed = [i for i in identifiers if i in chosen]
+        return "Identifiers: " + "; ".join(listed) if listed else ""
 
     @staticmethod
     def _sections(messages: Sequence[Message], previous: str, *,

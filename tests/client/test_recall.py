@@ -216,6 +216,33 @@ def test_discarded_originals_say_they_were_discarded_and_when(
     assert "were discarded." in json.dumps(agent.window(recall=True).messages)
 
 
+def test_parallel_tool_results_come_back_each_named_with_its_call_by_seq_and_by_query(
+        client: Client) -> None:
+    # The sweep's case: three parallel reads, A's output empty, C's an error. The bare texts
+    # "port = 8080" and "no such file" said nothing of which call each answered, and B's
+    # output read as A's.
+    agent = client.session("parallel", policy=FoldPolicy(budget_tokens=16_000), system="S")
+    agent.append([
+        {"role": "user", "content": "compare the two configs"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_{x}", "name": "read_file",
+             "input": {"path": f"/etc/{x.lower()}.conf"}} for x in "ABC"]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_A", "content": ""},
+            {"type": "tool_result", "tool_use_id": "toolu_B", "content": "port = 8080"},
+            {"type": "tool_result", "tool_use_id": "toolu_C", "content": "no such file",
+             "is_error": True}]}])
+    by_seq = agent.recall(seq=2).text
+    ref = by_seq.rsplit("[ref ", 1)[1][:8]
+    assert by_seq.endswith(
+        f"-- tool result for toolu_A: empty output [ref {ref}] --\n"
+        f"-- tool result for toolu_B [ref {ref}] --\nport = 8080\n"
+        f"-- tool result for toolu_C, error [ref {ref}] --\nno such file")
+    by_query = agent.recall(query="no such file").text
+    ref = by_query.rsplit("[ref ", 1)[1][:8]
+    assert f"-- tool result for toolu_C, error [ref {ref}] --\nno such file" in by_query
+
+
 def test_seqs_past_the_ledger_say_so(client: Client) -> None:
     agent = grown_session(client)
     last = agent.info().ledger_len - 1

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sessionfold.core.compact import RETENTION_LIMIT, compact
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.frame import EarlierFold, summary_message
 from sessionfold.core.messages import (
@@ -18,10 +19,17 @@ from sessionfold.core.messages import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
-    load_conversation_file,
 )
-from sessionfold.core.retention import check_retention, extract_identifiers
+from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.retention import (
+    IDENTIFIER_LIMIT,
+    check_retention,
+    extract_identifiers,
+    mentions,
+)
+from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer, render_transcript
+from sessionfold.core.tokens import default_counter
 from sessionfold.core.window import WindowItem
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
@@ -125,11 +133,95 @@ def test_extractive_summarizer_rejects_bad_input() -> None:
         ExtractiveSummarizer().summarize([])
 
 
+# --- identifiers of any length ---------------------------------------------------------------
+
+_DIRS = ("src/components/dashboard/widgets", "src/features/billing/api",
+         "packages/web-app/src/hooks", "services/payments/internal/handlers",
+         "apps/admin/src/pages/settings")
+
+
+def long_path(n: int) -> str:
+    """An absolute path as Claude Code sends it: 80 to 110 characters."""
+    return (f"/Users/alice.smith/Development/acme-corp/monorepo/{_DIRS[n % len(_DIRS)]}/"
+            f"Component{n}View.tsx")
+
+
+def claude_code_span(first: int, count: int) -> list[Message]:
+    """Turns of a Claude Code-like agent, one file each: it names the file, reads it by its
+    absolute path, and gets its lines back."""
+    messages = []
+    for n in range(first, first + count):
+        path = long_path(n)
+        messages += [
+            Message(role="assistant", content=[
+                TextBlock(text=f"Next I'll update {path}."),
+                ToolUseBlock(id=f"toolu_{n:04d}", name="Read", input={"file_path": path})]),
+            Message(role="user", content=[ToolResultBlock(
+                tool_use_id=f"toolu_{n:04d}",
+                content="\n".join(f"{i:>6}\tconst v{i} = useToken('color.{i}');"
+                                  for i in range(20)))]),
+        ]
+    return messages
+
+
+def test_extractive_summary_keeps_every_identifier_the_check_counts_however_long() -> None:
+    span_ = [Message(role="user", content="Migrate every component to the new design tokens."),
+             *claude_code_span(0, 60)]
+    counted = extract_identifiers(span_)
+    assert len(counted) == 40 and min(map(len, counted)) >= 80  # 40 don't fit in 1,200
+    summarizer = ExtractiveSummarizer()
+    text = summarizer.summarize(span_).text
+    assert check_retention(text, counted, 0.8).ratio == 1.0
+    # Past max_chars by the identifiers only: the prose keeps to its reserve.
+    ids_line, *prose = text.splitlines()
+    assert len(text) > summarizer.max_chars and ids_line.startswith("Identifiers: ")
+    assert len("\n".join(prose)) < summarizer.prose_reserve
+    assert prose[0].startswith("Requests: Migrate every component")
+    # And still far smaller than the span it stands for.
+    summary = summary_message(text, start_seq=1, end_seq=120, message_count=120, model="m")
+    counter = default_counter()
+    assert counter.message(summary) * 4 < sum(counter.message(m) for m in span_)
+
+
+def test_a_claude_code_session_of_long_paths_folds_instead_of_failing_retention() -> None:
+    # The sweep's session: 80 files read by absolute path, at a budget of 8,000 tokens. The
+    # summary kept 9 of 40 identifiers, the fold was refused and the window stayed over budget.
+    messages = [Message(role="user", content="Migrate every component to the new design tokens."),
+                *claude_code_span(0, 80), Message(role="assistant", content="All migrated.")]
+    policy = FoldPolicy(budget_tokens=8000)
+    result = compact(messages, policy, ExtractiveSummarizer(), system="You are Claude Code.")
+    assert "retention-check-failed" not in {r.reason for r in result.record.refusals}
+    assert result.record.outcome == "folded" and result.spans
+    assert all(not span.lost_identifiers for span in result.spans)
+    assert result.record.tokens_after is not None
+    assert result.record.tokens_after < policy.budget_tokens
+
+
+def test_a_rolling_fold_carries_the_previous_summarys_identifiers_up_to_the_checks_count() -> None:
+    summarizer = ExtractiveSummarizer()
+    first = summarizer.summarize(claude_code_span(0, 40)).text
+    assert all(mentions(first, long_path(n)) for n in range(40))
+    second = summarizer.summarize(claude_code_span(40, 5), previous_summary=first).text
+    carried = [n for n in range(40) if mentions(second, long_path(n))]
+    assert all(mentions(second, long_path(n)) for n in range(40, 45))  # its own, all
+    assert carried == list(range(35))  # then the previous one's first, up to 40 in all
+    third = summarizer.summarize(claude_code_span(45, 5), previous_summary=second).text
+    assert len(third) <= len(second) + 50  # rolling folds do not pile identifiers up
+    assert sum(mentions(third, long_path(n)) for n in range(50)) == 40
+
+
+def test_the_planner_checks_as_many_identifiers_as_a_summary_is_asked_to_carry() -> None:
+    assert RETENTION_LIMIT == IDENTIFIER_LIMIT == 40
+
+
 _texts = st.text(min_size=1, max_size=400)
+_paths = st.integers(min_value=0, max_value=200).map(lambda n: f"Edit {long_path(n)} now.")
 _messages = st.lists(
     st.one_of(
         _texts.map(lambda t: Message(role="user", content=t)),
         _texts.map(lambda t: Message(role="assistant", content=t)),
+        st.lists(_paths, min_size=1, max_size=30).map(
+            lambda ts: Message(role="assistant", content=" ".join(ts))),
         st.builds(lambda t, c: Message(role="assistant", content=[
             TextBlock(text=t), ToolUseBlock(id="t", name="bash", input={"command": c})]),
             _texts, _texts),
@@ -138,16 +230,28 @@ _messages = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(_messages, st.integers(min_value=200, max_value=3000),
-       st.one_of(st.none(), st.text(max_size=2000)),
-       st.lists(st.text(max_size=60), max_size=10))
+       st.one_of(st.none(), st.text(max_size=2000),
+                 st.integers(min_value=0, max_value=60).map(lambda k: "Identifiers: " + "; ".join(
+                     long_path(1000 + n) for n in range(k)))),
+       st.lists(st.text(alphabet=st.characters(blacklist_characters=";"), max_size=60),
+                max_size=10))
 def test_extractive_summary_never_exceeds_its_bound(messages: list[Message], max_chars: int,
                                                     previous: str | None,
                                                     must_keep: list[str]) -> None:
-    result = ExtractiveSummarizer(max_chars=max_chars).summarize(
-        messages, previous_summary=previous, must_keep=must_keep)
-    assert 0 < len(result.text) <= max_chars
+    summarizer = ExtractiveSummarizer(max_chars=max_chars)
+    text = summarizer.summarize(messages, previous_summary=previous, must_keep=must_keep).text
+    assert text
+    if len(text) <= max_chars:
+        return
+    # Only the identifiers it must keep take it past max_chars: their line, then the prose
+    # within its reserve; and they are must_keep and at most 40 others.
+    ids_line = text.splitlines()[0]
+    assert ids_line.startswith("Identifiers: ")
+    assert len(text) <= len(ids_line) + summarizer.prose_reserve
+    listed = ids_line.removeprefix("Identifiers: ").split("; ")
+    assert len(listed) <= len({" ".join(k.split()) for k in must_keep if k.strip()}) + 40
 
 
 def _first_sentence_of_the_whole_line(text: str, limit: int) -> str:
