@@ -33,8 +33,16 @@ and:
    and after its last message (:func:`~sessionfold.client.window_view.place_cache_breakpoints`):
    the calls between two folds read the cached prefix at a tenth of the input price, and the
    first call after a fold writes the new one. ``cache_breakpoints=False`` sends none.
-3. **records the reply** in the ledger (keyed by the reply's id, so a retry does not add it
-   twice), and **reports the provider's usage** for the window the request was built from.
+3. **reports the provider's usage** for the window the request was built from, then
+   **records the reply** in the ledger (keyed by the reply's id, so a retry does not add it
+   twice). A reply that cannot be recorded (the store is down, the session was deleted
+   meanwhile, the store refuses the message, a chat completion does not convert) is not lost:
+   its usage has gone out first, and :class:`ReplyNotRecordedError` is raised carrying it as
+   ``response`` (what the call would have returned), saying why. The ledger then lacks it: put
+   it in the history as usual and the next call appends it with the messages after it, or
+   deal with the cause. Raised rather than logged because the wrapper's contract is that the
+   ledger holds what the caller was given; a reply returned unrecorded would break it
+   silently, to surface one call later as a history mismatch or a missing turn.
 4. **folds inline and retries once** when the provider answers "prompt is too long", and
    **answers recall itself**: a reply that asks only for ``sessionfold_recall`` is answered from
    the ledger and the model called again; the caller gets the first reply that is not one.
@@ -53,6 +61,15 @@ stream has been read to its end (a stream closed early records nothing).
 
 The ``anthropic`` and ``openai`` packages are not imported here: the wrappers call the client
 they are given, so ``import sessionfold.client`` needs neither.
+
+Errors: the wrappers raise the library's errors (:mod:`sessionfold.core.errors`) and the
+provider SDK's own, as they are, plus two of their own::
+
+    InvalidMessageError
+    └── HistoryMismatchError     the history does not begin with the ledger; nothing appended
+    SessionfoldError
+    └── ReplyNotRecordedError    the reply was paid for and reported but not recorded
+                                 (``response``: the reply; ``__cause__``: why)
 """
 
 from __future__ import annotations
@@ -62,17 +79,16 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessionfold.core.errors import InvalidMessageError
+from sessionfold.core.errors import InvalidMessageError, SessionfoldError
 from sessionfold.core.messages import (
     Conversation,
     Message,
     ToolResultBlock,
     ToolUseBlock,
-    from_openai,
     parse_message,
     parse_messages,
-    to_openai,
 )
+from sessionfold.core.openai_shape import from_openai, to_openai
 from sessionfold.core.overflow import is_context_overflow
 
 from .aio import AsyncSessionHandle
@@ -89,6 +105,7 @@ __all__ = [
     "AsyncSessionAnthropic",
     "AsyncSessionMessageStream",
     "HistoryMismatchError",
+    "ReplyNotRecordedError",
     "SessionAnthropic",
     "SessionChatStream",
     "SessionMessageStream",
@@ -100,6 +117,29 @@ class HistoryMismatchError(InvalidMessageError):
     """The caller's history does not begin with what the session holds, or its ``system``
     is not the session's. ``index`` is the first message where the two part (None for the
     system prompt, ``field="system"``). Nothing was appended."""
+
+
+class ReplyNotRecordedError(SessionfoldError):
+    """The model's reply was paid for, and its usage reported, but it could not be recorded in
+    the session's ledger.
+
+    ``response`` is the reply as the call would have returned it: the SDK's ``Message`` or
+    ``ChatCompletion``; for a stream read to its end, the final ``Message`` (also
+    ``get_final_message()``) or the assistant message in OpenAI's shape (also ``message()``).
+    ``reason`` says why, and ``__cause__`` is the error met (StoreError, SessionNotFoundError,
+    InvalidMessageError...). The ledger does not hold the reply: put it in the history as
+    usual and the next call appends it with the messages after it (a fault that lasts fails
+    that call's append, before anything is sent), or deal with the cause.
+    """
+
+    def __init__(self, session_id: str, response: Any, cause: BaseException) -> None:
+        self.session_id = session_id
+        self.response = response
+        self.reason = f"{type(cause).__name__}: {cause}"
+        super().__init__(
+            f"session {session_id!r}: the model's reply was not recorded in the ledger "
+            f"({self.reason}); its usage was reported, and the reply is this error's "
+            "`response`")
 
 
 # --- the caller's history against the ledger ---------------------------------------------------
@@ -240,12 +280,21 @@ def _id_of(reply: Any) -> str | None:
     return value if isinstance(value, str) and 0 < len(value) <= 180 else None
 
 
-def _record(handle: SessionHandle, reply: Any) -> None:
-    """Append the reply (the SDK's object or its JSON) to the ledger, once per reply id."""
-    rows = _reply_message(_content_of(reply))
-    if rows:
-        reply_id = _id_of(reply)
-        handle.append(rows, key=f"sdk-reply-{reply_id}" if reply_id else None)
+def _record(handle: SessionHandle, reply: Any, response: Any) -> None:
+    """Append the reply (the SDK's object or its JSON) to the ledger, once per reply id.
+
+    Called once its usage has been reported. Whatever fails here, the caller must still get
+    what it paid for: :class:`ReplyNotRecordedError` carrying ``response`` (the reply as the
+    caller would have got it)."""
+    try:
+        if isinstance(reply, _ChatReply):
+            reply.check_converted()
+        rows = _reply_message(_content_of(reply))
+        if rows:
+            reply_id = _id_of(reply)
+            handle.append(rows, key=f"sdk-reply-{reply_id}" if reply_id else None)
+    except Exception as exc:
+        raise ReplyNotRecordedError(handle.session_id, response, exc) from exc
 
 
 # --- streams: the rounds before the one the caller reads -----------------------------------------
@@ -492,8 +541,8 @@ class SessionMessageStream:
         reply = opened.attempt.reply()
         if not opened.done:
             self._handle._after_call(reply, opened.view)
-        _record(self._handle, reply)
-        self._final = reply
+        self._final = reply  # get_final_message() has it, even when it cannot be recorded
+        _record(self._handle, reply, reply)
 
     def __iter__(self) -> Iterator[Any]:
         for event in self._events:
@@ -571,7 +620,7 @@ class _Messages:
 
         reply = owner.handle.call(send, over_budget=owner.over_budget,
                                   cache_breakpoints=owner.cache_breakpoints)
-        _record(owner.handle, reply)
+        _record(owner.handle, reply, reply)
         return reply
 
     def stream(self, **kwargs: Any) -> _StreamManager:
@@ -588,7 +637,11 @@ class _Messages:
 
 class SessionAnthropic:
     """An ``anthropic.Anthropic`` client bound to one session: ``messages.create`` and
-    ``messages.stream`` take the SDK's keyword arguments (see the module doc)."""
+    ``messages.stream`` take the SDK's keyword arguments (see the module doc).
+
+    A reply is recorded after its usage is reported; one that cannot be recorded raises
+    :class:`ReplyNotRecordedError` with the reply as its ``response`` (a stream: at its end,
+    ``get_final_message()`` still giving it), so a paid reply is never lost."""
 
     def __init__(self, client: anthropic.Anthropic, handle: SessionHandle, *,
                  over_budget: OverBudget | None = None,
@@ -658,8 +711,8 @@ class AsyncSessionMessageStream:
         h = self._handle.sync
         if not opened.done:
             await asyncio.to_thread(h._after_call, reply, opened.view)
-        await asyncio.to_thread(_record, h, reply)
-        self._final = reply
+        self._final = reply  # get_final_message() has it, even when it cannot be recorded
+        await asyncio.to_thread(_record, h, reply, reply)
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         async for event in self._events:
@@ -728,7 +781,7 @@ class _AsyncMessages:
 
         reply = await owner.handle.call(send, over_budget=owner.over_budget,
                                         cache_breakpoints=owner.cache_breakpoints)
-        await asyncio.to_thread(_record, owner.handle.sync, reply)
+        await asyncio.to_thread(_record, owner.handle.sync, reply, reply)
         return reply
 
     def stream(self, **kwargs: Any) -> _AsyncStreamManager:
@@ -745,7 +798,8 @@ class _AsyncMessages:
 class AsyncSessionAnthropic:
     """An ``anthropic.AsyncAnthropic`` client bound to one session (an
     :class:`AsyncSessionHandle`): ``await messages.create(...)``, ``async with
-    messages.stream(...)``."""
+    messages.stream(...)``; a reply that cannot be recorded raises
+    :class:`ReplyNotRecordedError` carrying it, as :class:`SessionAnthropic`."""
 
     def __init__(self, client: anthropic.AsyncAnthropic, handle: AsyncSessionHandle, *,
                  over_budget: OverBudget | None = None,
@@ -812,8 +866,8 @@ def _chat_params(kwargs: Mapping[str, Any], system: str, window: list[dict[str, 
 
 def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """An OpenAI assistant message as the Anthropic blocks the ledger holds (the same
-    conversion the caller's copy of it goes through on the next call)."""
-    if not message.get("content") and not message.get("tool_calls"):
+    conversion the caller's copy of it goes through on the next call: a refusal included)."""
+    if not any(message.get(name) for name in ("content", "tool_calls", "refusal")):
         return []
     converted = from_openai([message]).messages
     content: list[dict[str, Any]] = converted[0].to_json()["content"] if converted else []
@@ -823,21 +877,39 @@ def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class _ChatReply:
     """A chat completion as the handle reads replies: Anthropic ``content``, ``id``, the
-    provider's ``usage``, ``model``; ``completion`` is what the caller gets."""
+    provider's ``usage``, ``model``; ``completion`` is what the caller gets.
+
+    Made without raising, whatever the message holds: its usage must be reported before
+    anything can fail. A message that does not convert has no ``content`` (no tool calls for
+    the recall round to read) and keeps the error for :meth:`check_converted`."""
 
     completion: Any
     id: str | None
     model: str | None
     usage: Any
     content: list[dict[str, Any]]
+    unconverted: InvalidMessageError | None = None
 
     @classmethod
     def of(cls, completion: Any) -> _ChatReply:
         choices = getattr(completion, "choices", None) or []
         message = _dumped(choices[0].message) if choices else {}
-        return cls(completion, getattr(completion, "id", None),
-                   getattr(completion, "model", None), getattr(completion, "usage", None),
-                   _assistant_blocks({"role": "assistant", **message}))
+        return cls.made(completion, getattr(completion, "id", None),
+                        getattr(completion, "model", None), getattr(completion, "usage", None),
+                        {"role": "assistant", **message})
+
+    @classmethod
+    def made(cls, completion: Any, reply_id: str | None, model: str | None, usage: Any,
+             message: Mapping[str, Any]) -> _ChatReply:
+        try:
+            return cls(completion, reply_id, model, usage, _assistant_blocks(message))
+        except InvalidMessageError as exc:
+            return cls(completion, reply_id, model, usage, [], exc)
+
+    def check_converted(self) -> None:
+        """Raise the error the message met in conversion, if it met one."""
+        if self.unconverted is not None:
+            raise self.unconverted
 
 
 class _ChatAttempt:
@@ -892,8 +964,7 @@ class _ChatAttempt:
         return message
 
     def reply(self) -> _ChatReply:
-        return _ChatReply(None, self.id, self.model, self.usage,
-                          _assistant_blocks(self.message()))
+        return _ChatReply.made(None, self.id, self.model, self.usage, self.message())
 
     def close(self) -> None:
         self.stream.close()
@@ -920,8 +991,8 @@ class SessionChatStream:
         reply = attempt.reply()
         if not opened.done:
             self._handle._after_call(reply, opened.view)
-        _record(self._handle, reply)
         self._done = True
+        _record(self._handle, reply, attempt.message())
 
     def __iter__(self) -> Iterator[Any]:
         return self._events
@@ -976,7 +1047,7 @@ class _Completions:
                                                                    tools)))
 
         reply: _ChatReply = handle.call(send, over_budget=owner.over_budget)
-        _record(handle, reply)
+        _record(handle, reply, reply.completion)
         return reply.completion
 
 
@@ -989,7 +1060,12 @@ class SessionOpenAI:
     """An ``openai.OpenAI`` client bound to one session: ``chat.completions.create`` takes
     the SDK's keyword arguments and OpenAI-shaped messages (see the module doc). The system
     prompt is the session's: ``system``/``developer`` messages in the history must say the
-    same, or be left out."""
+    same, or be left out.
+
+    A reply is recorded after its usage is reported, refusals included; one that cannot be
+    recorded (a store fault, or a message that does not convert) raises
+    :class:`ReplyNotRecordedError` with the ``ChatCompletion`` as its ``response`` (a stream:
+    the assistant message, as ``message()`` gives it), so a paid reply is never lost."""
 
     def __init__(self, client: openai.OpenAI, handle: SessionHandle, *,
                  over_budget: OverBudget | None = None) -> None:
@@ -1005,7 +1081,10 @@ class SessionOpenAI:
     def _prepare(self, kwargs: Mapping[str, Any]) -> None:
         raw = kwargs.get("messages")
         conversation = _openai_history(raw)
-        given = any(_dumped(m).get("role") in ("system", "developer") for m in raw or [])
+        # Only leading system/developer messages are the prompt (a later one stays in place as
+        # a message of the conversation: core.openai_shape), so only they are compared with it.
+        first = next(iter(raw or ()), None)
+        given = first is not None and _dumped(first).get("role") in ("system", "developer")
         new = self._ledger.new_messages(conversation.messages,
                                         conversation.system if given else None)
         if new:

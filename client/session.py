@@ -6,7 +6,10 @@ What each part promises:
   query). It never waits for a fold: folds run in the background and land between calls.
 - :meth:`SessionHandle.append` and :meth:`SessionHandle.window` take and give the Anthropic
   Messages shape or the OpenAI chat shape; tool results sent one at a time are held until the
-  set answering one assistant message is complete (:mod:`.shapes`).
+  set answering one assistant message is complete (:mod:`.shapes`), unless the handle is made
+  with ``hold_tool_results=False`` (the HTTP API's, which keeps nothing between requests: a
+  partial set is refused instead). The API appends through such a handle, so its appends
+  nudge as an agent's do (below).
 - :meth:`SessionHandle.report_usage` publishes the provider's counts on the usage bus for the
   scheduler. It never blocks for long and never raises: with Redis away the publisher buffers a
   little, warns, and the scheduler's store sweep covers what is lost.
@@ -99,6 +102,7 @@ from .shapes import (
     WindowShape,
     check_system,
     openai_append,
+    pairing_hint,
     partial_answer,
     resolve_shape,
 )
@@ -235,10 +239,13 @@ class SessionHandle:
     """One session seen by an agent or an app server. Use one handle per agent thread."""
 
     def __init__(self, client: Connection, session_id: str, *,
-                 over_budget: OverBudget = "send") -> None:
+                 over_budget: OverBudget = "send", hold_tool_results: bool = True) -> None:
         self.client = client
         self.session_id = session_id
         self.over_budget: OverBudget = over_budget
+        #: Hold a partial set of tool results until the rest arrives (see append()); False:
+        #: the store refuses it (tool-pairing), for a caller that keeps nothing between appends.
+        self.hold_tool_results = hold_tool_results
         #: Summarizer calls this handle made on the agent's path (inline folds).
         self.summarizer_calls = 0
         self.inline_folds = 0
@@ -281,8 +288,11 @@ class SessionHandle:
         answer only part of the open tool calls of the ledger's last message are *held* by this
         handle, nothing written, and a :class:`~.shapes.HeldAppend` is returned; the append
         that brings the rest writes them all as one user message (under its own ``key``), so a
-        turn is never written half answered (:attr:`held_tool_results` shows them). A
-        ``system`` message must be the session's own prompt (it is then left out).
+        turn is never written half answered (:attr:`held_tool_results` shows them); a handle
+        made with ``hold_tool_results=False`` lets the store refuse them instead
+        (ToolPairingError, saying to send the whole set at once). A ``system`` message must be
+        the session's own prompt (it is then left out). An append that takes the session past
+        its trigger nudges the scheduler (see the module doc).
         """
         # One message passed alone goes to the store as it is, which says to wrap it in a list
         # (list() would turn it into its keys or fields and blame those instead).
@@ -321,9 +331,9 @@ class SessionHandle:
         if converted is not None and converted.system is not None:
             info = self.info()
             check_system(converted.system, info.system)
-        held = self._held
-        tail = self._open_calls(info) if held is not None or (
-            converted is not None and converted.opens_with_results) else None
+        held = self._held  # (never set on a handle that does not hold)
+        tail = self._open_calls(info) if self.hold_tool_results and (held is not None or (
+            converted is not None and converted.opens_with_results)) else None
         if held is not None and (tail is None or tail[0] != held.seq):
             log.warning("session %s: dropped held tool results %s: the ledger moved on past "
                         "the tool calls they answered", self.session_id, list(held.answered))
@@ -341,7 +351,10 @@ class SessionHandle:
         except InvalidMessageError as exc:
             if converted is None:
                 raise
-            raise converted.readdress(exc, shift=len(held.blocks) if held else 0) from None
+            readdressed = converted.readdress(exc, shift=len(held.blocks) if held else 0)
+            if not self.hold_tool_results:  # a partial set met the store: say the rule
+                readdressed = pairing_hint(readdressed, converted)
+            raise readdressed from None
         self._held = None
         return result
 

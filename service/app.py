@@ -33,7 +33,7 @@ from .auth import KeyChecker
 from .encoded import EncodedWindows
 from .errors import ApiError, ErrorSpec, error_body, library_error_body
 from .metrics import MetricsMiddleware, api_metrics
-from .state import ApiState
+from .state import ApiState, path_session
 from .watch import WindowWatcher
 
 __all__ = ["API_TITLE", "create_app"]
@@ -99,8 +99,8 @@ def create_app(settings: Settings, *, client: Client | None = None) -> FastAPI:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    async def library(_: Request, exc: Exception) -> JSONResponse:
-        status, body = library_error_body(exc)
+    async def library(request: Request, exc: Exception) -> JSONResponse:
+        status, body = library_error_body(exc, own=path_session(request))
         headers = exc.headers if isinstance(exc, ApiError) else None
         return JSONResponse(body, status_code=status, headers=headers)
 

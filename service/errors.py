@@ -14,6 +14,10 @@ Every error body is ``{"error": {"type": ..., "reason": ..., "message": ...}}``:
 The library's errors are mapped here, in one table (:data:`LIBRARY_ERRORS`, most specific
 class first); anything else is logged with its traceback and answered as ``internal`` without
 one: no traceback, SQL or stored value ever reaches a client.
+
+A message names the request's session as the caller named it: the library's messages name
+the store's id, which carries the caller's tenant (:mod:`.tenancy`), whatever route they came
+through, so that id is written back as the caller's own (``own``).
 """
 
 from __future__ import annotations
@@ -100,14 +104,17 @@ def error_body(spec: ErrorSpec, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": error}
 
 
-def library_error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    """Status and body for an exception raised while serving a request."""
+def library_error_body(exc: BaseException, *,
+                       own: tuple[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """Status and body for an exception raised while serving a request. ``own``: the store's
+    id of the request's session and the caller's id of it (see the module doc)."""
     spec = spec_of(exc)
     if spec is INTERNAL:
         log.error("internal error while serving a request", exc_info=exc)
         return spec.status, error_body(spec, "internal error; the server log has the details")
     if isinstance(exc, ApiError):
         return spec.status, error_body(spec, exc.message)
+    message = str(exc) if own is None else str(exc).replace(*own)
     if isinstance(exc, InvalidMessageError):
-        return spec.status, error_body(spec, str(exc), index=exc.index, field=exc.field)
-    return spec.status, error_body(spec, str(exc))
+        return spec.status, error_body(spec, message, index=exc.index, field=exc.field)
+    return spec.status, error_body(spec, message)

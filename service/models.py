@@ -138,6 +138,9 @@ class AppendOut(_Out):
     revision: int
     duplicate: bool = Field(description="true when the Idempotency-Key was seen before: "
                             "nothing was appended again")
+    crossed_trigger: bool = Field(description="true when this append took the session (not "
+                                  "paused) past its fold trigger; its scheduler is nudged to "
+                                  "fold it now rather than at its next sweep")
 
 
 class WindowItemOut(_Out):

@@ -15,22 +15,15 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import APIRouter, Header, Path, Query, Response
 from sessionfold.client.recall import RecallRequest, answer
-from sessionfold.client.shapes import (
-    WindowShape,
-    check_system,
-    openai_append,
-    pairing_hint,
-    resolve_shape,
-)
+from sessionfold.client.session import SessionHandle
+from sessionfold.client.shapes import WindowShape
 from sessionfold.core.errors import (
     InvalidInputError,
-    InvalidMessageError,
     RedisUnavailableError,
     SessionNotFoundError,
     UsageUnmeasurableError,
 )
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.store import AppendResult
 from sessionfold.workers.metrics import metrics
 from sessionfold.workers.usagebus import UsageEvent
 
@@ -54,7 +47,7 @@ from .models import (
     UsageOut,
     WindowOut,
 )
-from .state import ApiState, Caller, State
+from .state import Caller, State
 from .tenancy import SESSION_ID_PATTERN, local_id, store_id, tenant_prefix
 
 __all__ = ["router"]
@@ -160,29 +153,18 @@ def append(session_id: SessionId, body: AppendIn, caller: Caller, state: State,
            idempotency_key: Annotated[str | None, Header(
                max_length=255, description="a retry with the same key and messages is not "
                "appended twice (the library's key=)")] = None) -> Any:
-    sid = store_id(caller.tenant, session_id)
-    if resolve_shape(body.messages, body.shape) == "anthropic":
-        result = state.store.append(sid, body.messages, key=idempotency_key)
-    else:
-        result = _append_openai(state, sid, body.messages, idempotency_key)
+    # The library's own append, as an agent's handle makes it: the same shapes and checks, and
+    # the same nudge when it takes the session past its trigger (the scheduler reads it now,
+    # not at its next sweep). The handle holds no tool results: nothing is kept between
+    # requests, which may reach other API processes, so a partial set is refused.
+    handle = SessionHandle(state.client, store_id(caller.tenant, session_id),
+                           hold_tool_results=False)
+    result = handle.append(body.messages, key=idempotency_key, shape=body.shape)
     if result.duplicate:
         response.status_code = 200
     return AppendOut(first_seq=result.first_seq, last_seq=result.last_seq,
-                     revision=result.revision, duplicate=result.duplicate)
-
-
-def _append_openai(state: ApiState, sid: str, messages: list[dict[str, Any]],
-                   key: str | None) -> AppendResult:
-    """An append in the OpenAI chat shape (:mod:`sessionfold.client.shapes`): converted, a
-    system message checked against the session's prompt, errors addressed to the request's
-    messages. Nothing is held between requests: a partial set of tool results is refused."""
-    converted = openai_append(messages)
-    if converted.system is not None:
-        check_system(converted.system, state.store.get_session(sid).system)
-    try:
-        return state.store.append(sid, converted.messages, key=key)
-    except InvalidMessageError as exc:
-        raise pairing_hint(converted.readdress(exc), converted) from None
+                     revision=result.revision, duplicate=result.duplicate,
+                     crossed_trigger=result.crossed_trigger)
 
 
 _WINDOW_DOC = """The window as it stands (already compacted), with an `ETag` of the session's

@@ -22,7 +22,8 @@ from sessionfold.client import (
     SessionHandle,
     connect,
 )
-from sessionfold.core.errors import ContextOverflowError
+from sessionfold.client.sdk import ReplyNotRecordedError
+from sessionfold.core.errors import ContextOverflowError, SessionNotFoundError, StoreError
 from sessionfold.core.messages import parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.workers.settings import Settings
@@ -454,3 +455,93 @@ def test_the_async_wrapper_creates_streams_and_answers_recall(
     assert origins == ["agent", "recall", "recall", "agent", "agent", "recall", "recall",
                        "agent"]
     assert rounds == 2 and provider.stats.succeeded == 4
+
+
+# --- a reply that cannot be recorded -------------------------------------------------------------
+
+def deleting_the_session(client: Client, sid: str) -> Callable[[Any], str]:
+    """A model whose answer arrives after its session was deleted: the reply is paid for, and
+    can no longer be recorded."""
+    def reply(request: Any) -> str:
+        client.store.delete_session(sid)
+        return "Reconciled 12 refunds."
+    return reply
+
+
+def test_a_reply_that_cannot_be_recorded_is_raised_with_the_reply_after_its_usage_went_out(
+        client: Client, provider: FakeProvider, sdk: anthropic.Anthropic) -> None:
+    agent = agent_of(client)
+    reports = spy_usage(agent)
+    provider.reply = deleting_the_session(client, agent.session_id)
+    with pytest.raises(ReplyNotRecordedError) as raised:
+        SessionAnthropic(sdk, agent).messages.create(
+            model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "reconcile"}])
+    error = raised.value
+    # The caller still has what it paid for, and why it is not in the ledger.
+    assert isinstance(error.response, anthropic.types.Message)
+    assert error.response.content[0].text == "Reconciled 12 refunds."
+    assert isinstance(error.__cause__, SessionNotFoundError)
+    assert "not recorded" in str(error) and "SessionNotFoundError" in error.reason
+    assert len(reports) == 1 and provider.stats.succeeded == 1  # reported before recording
+
+
+def test_a_streamed_reply_that_cannot_be_recorded_is_raised_at_its_end_and_kept(
+        client: Client, provider: FakeProvider, sdk: anthropic.Anthropic) -> None:
+    agent = agent_of(client)
+    reports = spy_usage(agent)
+    provider.reply = deleting_the_session(client, agent.session_id)
+    with SessionAnthropic(sdk, agent).messages.stream(
+            model=MODEL, max_tokens=64,
+            messages=[{"role": "user", "content": "reconcile"}]) as stream:
+        deltas: list[str] = []
+        with pytest.raises(ReplyNotRecordedError) as raised:
+            for text in stream.text_stream:
+                deltas.append(text)
+        final = stream.get_final_message()
+    assert raised.value.response is final
+    assert "".join(deltas) == final.content[0].text == "Reconciled 12 refunds."
+    assert len(reports) == 1
+
+
+def test_a_reply_not_recorded_goes_into_the_ledger_with_the_next_call(
+        client: Client, provider: FakeProvider, sdk: anthropic.Anthropic) -> None:
+    agent = agent_of(client)
+    llm = SessionAnthropic(sdk, agent)
+    append = agent.append
+
+    def store_down_for_the_reply(turns: Any, **kwargs: Any) -> Any:
+        if parse_message(turns[0]).role == "assistant":  # the store fails the reply's write
+            agent.append = append  # type: ignore[method-assign]
+            raise StoreError("the store's database failed: connection reset")
+        return append(turns, **kwargs)
+
+    agent.append = store_down_for_the_reply  # type: ignore[method-assign]
+    history: list[Any] = [{"role": "user", "content": "reconcile"}]
+    with pytest.raises(ReplyNotRecordedError) as raised:
+        llm.messages.create(model=MODEL, max_tokens=64, messages=history)
+    assert isinstance(raised.value.__cause__, StoreError)
+    assert ledger_json(agent) == as_json(history)  # the reply is not in the ledger
+    history += [{"role": "assistant", "content": raised.value.response.content},
+                {"role": "user", "content": "and now?"}]
+    llm.messages.create(model=MODEL, max_tokens=64, messages=history)
+    assert ledger_json(agent)[:3] == as_json(history)
+
+
+def test_the_async_wrapper_raises_a_reply_it_cannot_record_with_the_reply(
+        make_settings: Callable[..., Settings], provider: FakeProvider,
+        server: FakeProviderServer) -> None:
+    async def scenario() -> ReplyNotRecordedError:
+        async with await AsyncClient.connect(make_settings()) as aclient:
+            agent = await aclient.session("agent-async", policy=FoldPolicy(budget_tokens=32_000),
+                                          system=SYSTEM)
+            provider.reply = deleting_the_session(aclient.sync, "agent-async")
+            llm = AsyncSessionAnthropic(anthropic.AsyncAnthropic(
+                api_key="sk", base_url=server.base_url, max_retries=0), agent)
+            with pytest.raises(ReplyNotRecordedError) as raised:
+                await llm.messages.create(model=MODEL, max_tokens=64,
+                                          messages=[{"role": "user", "content": "go"}])
+            return raised.value
+
+    error = asyncio.run(scenario())
+    assert error.response.content[0].text == "Reconciled 12 refunds."
+    assert isinstance(error.__cause__, SessionNotFoundError)

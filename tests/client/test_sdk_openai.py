@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from pipeline_harness import transcript_session
@@ -20,8 +21,10 @@ from sessionfold.client import (
     SessionOpenAI,
     connect,
 )
-from sessionfold.core.errors import ContextOverflowError
-from sessionfold.core.messages import Conversation, from_openai, to_openai
+from sessionfold.client.sdk import ReplyNotRecordedError
+from sessionfold.core.errors import ContextOverflowError, InvalidMessageError, SessionNotFoundError
+from sessionfold.core.messages import Conversation
+from sessionfold.core.openai_shape import from_openai, to_openai
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.workers.settings import Settings
 
@@ -138,6 +141,22 @@ def test_a_history_or_system_message_that_differs_is_refused(
     assert info.value.index == 0 and len(agent.ledger()) == 2
 
 
+def test_a_system_message_later_in_the_history_is_a_message_not_the_prompt(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    """Only leading system messages are the prompt: a developer note the agent adds mid-run
+    stays where it was said, and the history is not taken for one with another prompt."""
+    agent = agent_of(client)
+    llm = SessionOpenAI(sdk, agent)
+    history: list[Any] = [{"role": "user", "content": "Check the disks."}]
+    history.append(llm.chat.completions.create(model=MODEL, messages=history).choices[0].message)
+    history += [{"role": "developer", "content": "Answer in French from now on."},
+                {"role": "user", "content": "And the memory?"}]
+    llm.chat.completions.create(model=MODEL, messages=history)
+    assert ledger_json(agent)[:4] == as_ledger(history)
+    assert "French" in json.dumps(ledger_json(agent)[2])
+    assert provider.requests[-1]["messages"][0] == {"role": "system", "content": SYSTEM}
+
+
 def test_a_chat_stream_carries_tool_calls_and_is_recorded_at_its_end(
         client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
     agent = agent_of(client, FoldPolicy(budget_tokens=32_000, recall=False))
@@ -218,3 +237,101 @@ def test_recall_is_answered_for_create_and_for_a_stream(
         "agent", "recall", "recall", "agent", "agent", "recall", "recall", "agent"]
     history.append(stream.message())
     assert ledger_json(agent) == as_ledger(history)
+
+
+# --- a reply that cannot be recorded -------------------------------------------------------------
+
+def spy_usage(agent: SessionHandle) -> list[int]:
+    """Every usage report's prompt tokens, as the provider counted them."""
+    reports: list[int] = []
+    report = agent.report_usage
+
+    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None) -> bool:
+        reports.append(usage.prompt_tokens)
+        return report(usage, seq=seq, revision=revision, model=model)
+
+    agent.report_usage = spy  # type: ignore[method-assign]
+    return reports
+
+
+def deleting_the_session(client: Client, sid: str) -> Callable[[Any], str]:
+    """A model whose answer arrives after its session was deleted: the reply is paid for, and
+    can no longer be recorded."""
+    def reply(request: Any) -> str:
+        client.store.delete_session(sid)
+        return "Reconciled 12 refunds."
+    return reply
+
+
+def test_a_completion_that_cannot_be_recorded_is_raised_with_it_after_its_usage_went_out(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    agent = agent_of(client)
+    reports = spy_usage(agent)
+    provider.reply = deleting_the_session(client, agent.session_id)
+    with pytest.raises(ReplyNotRecordedError) as raised:
+        SessionOpenAI(sdk, agent).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "reconcile"}])
+    error = raised.value
+    assert isinstance(error.response, openai.types.chat.ChatCompletion)
+    assert error.response.choices[0].message.content == "Reconciled 12 refunds."
+    assert isinstance(error.__cause__, SessionNotFoundError) and "not recorded" in str(error)
+    assert reports == list(provider.stats.recent_prompt_tokens)  # reported, once
+
+
+def test_a_chat_stream_that_cannot_be_recorded_is_raised_at_its_end_with_its_message(
+        client: Client, provider: FakeProvider, sdk: openai.OpenAI) -> None:
+    agent = agent_of(client)
+    reports = spy_usage(agent)
+    provider.reply = deleting_the_session(client, agent.session_id)
+    stream = SessionOpenAI(sdk, agent).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "reconcile"}], stream=True)
+    chunks: list[Any] = []
+    with pytest.raises(ReplyNotRecordedError) as raised:
+        for chunk in stream:
+            chunks.append(chunk)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Reconciled 12 refunds."
+    assert raised.value.response == stream.message() == {"role": "assistant", "content": text}
+    assert len(reports) == 1
+
+
+def fixed_completion(message: dict[str, Any]) -> openai.OpenAI:
+    """An OpenAI client whose every completion is ``message``, with its usage."""
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json={
+            "id": f"chatcmpl-{len(request.content)}", "object": "chat.completion",
+            "created": 1, "model": MODEL, "choices": [{
+                "index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 512, "completion_tokens": 20, "total_tokens": 532}})
+    return openai.OpenAI(api_key="sk-test", base_url="http://provider.invalid/v1",
+                         max_retries=0, http_client=httpx2.Client(
+                             transport=httpx2.MockTransport(handler)))
+
+
+def recorded_or_carried(llm: SessionOpenAI, agent: SessionHandle) -> Any:
+    """The completion of one call: returned (and then recorded) or carried by the error."""
+    before = len(agent.ledger())
+    try:
+        completion = llm.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "run it"}])
+    except ReplyNotRecordedError as error:
+        assert isinstance(error.__cause__, InvalidMessageError)
+        return error.response
+    assert len(agent.ledger()) == before + 2  # the user message and the reply
+    return completion
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "run", "arguments": '{"cmd": "ls -la /very/long/pa'}}]},
+    {"role": "assistant", "content": None, "refusal": "I cannot help with that."},
+], ids=["malformed-arguments", "refusal"])
+def test_an_odd_completion_reaches_the_caller_recorded_or_carried_with_its_usage_reported(
+        client: Client, message: dict[str, Any]) -> None:
+    agent = agent_of(client)
+    reports = spy_usage(agent)
+    completion = recorded_or_carried(SessionOpenAI(fixed_completion(message), agent), agent)
+    given = {k: v for k, v in message.items() if v is not None}
+    assert completion.choices[0].message.model_dump(exclude_none=True) == given
+    assert reports == [512]

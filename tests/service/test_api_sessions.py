@@ -36,7 +36,8 @@ def test_a_session_is_created_appended_to_and_read_back_with_its_etag(api: LiveA
     appended = http.post("/v1/sessions/agent-1/messages",
                          json={"messages": [user("hello"), assistant("hi")]})
     assert appended.status_code == 201
-    assert appended.json() == {"first_seq": 0, "last_seq": 1, "revision": 1, "duplicate": False}
+    assert appended.json() == {"first_seq": 0, "last_seq": 1, "revision": 1, "duplicate": False,
+                               "crossed_trigger": False}
 
     window = http.get("/v1/sessions/agent-1/window")
     assert window.status_code == 200
@@ -172,6 +173,49 @@ def test_pause_and_resume_are_reported_on_the_session_and_nudge_its_scheduler(
     stream = Keys.from_settings(api.settings).usage_stream_of("tenant:acme/agent-1")
     nudges = [NudgeEvent.from_fields(fields) for _, fields in redis_conn.xrange(stream)]
     assert [n.session_id for n in nudges] == ["tenant:acme/agent-1"] * 2
+
+
+def nudges_of(api: LiveApi, redis_conn: Any, sid: str) -> list[NudgeEvent]:
+    stream = Keys.from_settings(api.settings).usage_stream_of(sid)
+    return [NudgeEvent.from_fields(fields) for _, fields in redis_conn.xrange(stream)
+            if b"nudge.v1" in fields]
+
+
+LONG = "the reconciliation log line repeats itself " * 500  # ~3,500 tokens: past the trigger
+
+
+@pytest.mark.parametrize("shape", ["anthropic", "openai"])
+def test_an_append_that_crosses_the_trigger_says_so_and_nudges_the_scheduler_at_once(
+        api: LiveApi, redis_conn: Any, shape: str) -> None:
+    http = api.http(api.key("acme"))
+    make_session(http)  # budget 4,000: the trigger is at 3,400 tokens
+    sid = "tenant:acme/agent-1"
+    small = http.post("/v1/sessions/agent-1/messages", json={"messages": [user("hello")]})
+    assert small.status_code == 201 and small.json()["crossed_trigger"] is False
+    assert nudges_of(api, redis_conn, sid) == []
+    reply = assistant(LONG) if shape == "anthropic" else {"role": "assistant", "content": LONG}
+    big = http.post("/v1/sessions/agent-1/messages",
+                    json={"messages": [reply], "shape": shape})
+    assert big.status_code == 201, big.text
+    assert big.json()["crossed_trigger"] is True
+    # The scheduler hears of it now, not at its next store sweep (~30 s later).
+    assert [(n.session_id, n.revision) for n in nudges_of(api, redis_conn, sid)] == [
+        (sid, big.json()["revision"])]
+    # Past the trigger already: the next append crosses nothing and nudges no more.
+    after = http.post("/v1/sessions/agent-1/messages", json={"messages": [user("more")]})
+    assert after.json()["crossed_trigger"] is False
+    assert len(nudges_of(api, redis_conn, sid)) == 1
+
+
+def test_an_append_to_a_paused_session_crosses_no_trigger_and_nudges_nothing(
+        api: LiveApi, redis_conn: Any) -> None:
+    http = api.http(api.key("acme"))
+    make_session(http)
+    http.post("/v1/sessions/agent-1/pause")
+    paused = len(nudges_of(api, redis_conn, "tenant:acme/agent-1"))  # the pause's own
+    big = http.post("/v1/sessions/agent-1/messages", json={"messages": [user(LONG)]})
+    assert big.status_code == 201 and big.json()["crossed_trigger"] is False
+    assert len(nudges_of(api, redis_conn, "tenant:acme/agent-1")) == paused
 
 
 @pytest.mark.parametrize("usage", [

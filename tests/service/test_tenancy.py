@@ -45,6 +45,58 @@ def test_another_tenants_session_is_not_found_by_any_route(api: LiveApi) -> None
         {"role": "user", "content": "acme secret"}]
 
 
+def test_every_route_names_a_missing_session_by_the_callers_own_id(api: LiveApi) -> None:
+    http = api.http(api.key("acme"))
+    path = "/v1/sessions/nope"
+    http.post("/v1/sessions", json={"id": "other", "policy": POLICY})
+    etag = http.get("/v1/sessions/other/window").headers["etag"]
+    attempts = {
+        "read": http.get(path),
+        "window": http.get(f"{path}/window"),
+        "long-poll": http.get(f"{path}/window", params={"after": etag, "wait": 0}),
+        "ledger": http.get(f"{path}/ledger"),
+        "recall": http.post(f"{path}/recall", json={"query": "anything"}),
+        "append": http.post(f"{path}/messages",
+                            json={"messages": [{"role": "user", "content": "x"}]}),
+        "append-openai": http.post(f"{path}/messages", json={
+            "messages": [{"role": "user", "content": "x"}], "shape": "openai"}),
+        "usage": http.post(f"{path}/usage", json={"usage": {"input_tokens": 5},
+                                                  "seq": 0, "revision": 1}),
+        "fold": http.post(f"{path}/fold"),
+        "pause": http.post(f"{path}/pause"),
+        "resume": http.post(f"{path}/resume"),
+        "delete": http.delete(path),
+    }
+    for name, answer in attempts.items():
+        assert answer.status_code == 404, (name, answer.text)
+        error = answer.json()["error"]
+        assert error["reason"] == "session-not-found", name
+        # The caller's id, never the store's tenant-qualified one.
+        assert error["message"].startswith("no session 'nope'"), (name, error["message"])
+        assert "tenant:" not in answer.text, (name, answer.text)
+
+
+def test_the_librarys_other_errors_name_the_session_by_the_callers_own_id(
+        api: LiveApi) -> None:
+    http = api.http(api.key("acme"))
+    http.post("/v1/sessions", json={"id": "agent-1", "policy": POLICY})
+    call = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {}}]}
+    answer = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.log"}]}
+    path = "/v1/sessions/agent-1/messages"
+    assert http.post(path, json={"messages": [{"role": "user", "content": "go"}, call, answer]},
+                     headers={"Idempotency-Key": "turn-1"}).status_code == 201
+    reused_key = http.post(path, json={"messages": [{"role": "user", "content": "else"}]},
+                           headers={"Idempotency-Key": "turn-1"})
+    reused_id = http.post(path, json={"messages": [call]})
+    for answered, reason in ((reused_key, "invalid-input"), (reused_id, "tool-pairing")):
+        error = answered.json()["error"]
+        assert error["reason"] == reason, answered.text
+        assert "session 'agent-1'" in error["message"], error["message"]
+        assert "tenant:" not in answered.text, answered.text
+
+
 def test_the_same_id_in_two_tenants_names_two_sessions(api: LiveApi) -> None:
     acme = api.http(api.key("acme"))
     globex = api.http(api.key("globex"))
