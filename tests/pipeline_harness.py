@@ -57,6 +57,15 @@ def transcript_session(name: str, messages: int | None = None) -> Conversation:
     return Conversation(system=conv.system, messages=conv.messages[:messages])
 
 
+def deleting_the_session(client: Any, sid: str) -> Callable[[Any], str]:
+    """A stand-in model's reply function whose answer arrives after the session was deleted:
+    the reply is paid for, and can no longer be recorded (the SDK wrappers' tests)."""
+    def reply(request: Any) -> str:
+        client.store.delete_session(sid)
+        return "Reconciled 12 refunds."
+    return reply
+
+
 def core_invariants() -> ModuleType:
     """The core's own statement of the window invariants (``tests/core/test_invariants.py``,
     whose ``check_window(ledger, items, policy)`` the pipeline's windows must pass too)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from pipeline_harness import transcript_session
+from pipeline_harness import deleting_the_session, transcript_session
 from sessionfold.cli.standin.fakeprovider import FakeProvider, FakeProviderServer, ToolUse
 from sessionfold.client import (
     AsyncClient,
@@ -458,14 +458,6 @@ def test_the_async_wrapper_creates_streams_and_answers_recall(
 
 
 # --- a reply that cannot be recorded -------------------------------------------------------------
-
-def deleting_the_session(client: Client, sid: str) -> Callable[[Any], str]:
-    """A model whose answer arrives after its session was deleted: the reply is paid for, and
-    can no longer be recorded."""
-    def reply(request: Any) -> str:
-        client.store.delete_session(sid)
-        return "Reconciled 12 refunds."
-    return reply
 
 
 def test_a_reply_that_cannot_be_recorded_is_raised_with_the_reply_after_its_usage_went_out(

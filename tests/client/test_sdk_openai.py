@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from pipeline_harness import transcript_session
+from pipeline_harness import deleting_the_session, transcript_session
 from sessionfold.cli.standin.fakeprovider import FakeProvider, FakeProviderServer, ToolUse
 from sessionfold.client import (
     Client,
@@ -252,15 +252,6 @@ def spy_usage(agent: SessionHandle) -> list[int]:
 
     agent.report_usage = spy  # type: ignore[method-assign]
     return reports
-
-
-def deleting_the_session(client: Client, sid: str) -> Callable[[Any], str]:
-    """A model whose answer arrives after its session was deleted: the reply is paid for, and
-    can no longer be recorded."""
-    def reply(request: Any) -> str:
-        client.store.delete_session(sid)
-        return "Reconciled 12 refunds."
-    return reply
 
 
 def test_a_completion_that_cannot_be_recorded_is_raised_with_it_after_its_usage_went_out(

@@ -4,53 +4,18 @@ need an admin key."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from conftest import LiveApi
 from sessionfold.core.policy import FoldPolicy
 
 POLICY = {"budget_tokens": 4000}
 
 
-def test_another_tenants_session_is_not_found_by_any_route(api: LiveApi) -> None:
-    acme = api.http(api.key("acme"))
-    globex = api.http(api.key("globex"))
-    assert acme.post("/v1/sessions", json={"id": "shared-name", "policy": POLICY,
-                                           "system": "acme's"}).status_code == 201
-    acme.post("/v1/sessions/shared-name/messages",
-              json={"messages": [{"role": "user", "content": "acme secret"}]})
-    before = api.store.get_session("tenant:acme/shared-name")
-
-    path = "/v1/sessions/shared-name"
-    attempts = {
-        "read": globex.get(path),
-        "window": globex.get(f"{path}/window"),
-        "ledger": globex.get(f"{path}/ledger"),
-        "append": globex.post(f"{path}/messages",
-                              json={"messages": [{"role": "user", "content": "x"}]}),
-        "usage": globex.post(f"{path}/usage", json={"usage": {"input_tokens": 5},
-                                                    "seq": 0, "revision": 1}),
-        "fold": globex.post(f"{path}/fold"),
-        "pause": globex.post(f"{path}/pause"),
-        "resume": globex.post(f"{path}/resume"),
-        "delete": globex.delete(path),
-    }
-    for name, answer in attempts.items():
-        assert answer.status_code == 404, (name, answer.text)
-        assert answer.json()["error"]["reason"] == "session-not-found", name
-        assert "acme" not in answer.text, name
-    assert globex.get("/v1/sessions").json()["sessions"] == []
-    # acme's session is untouched
-    after = api.store.get_session("tenant:acme/shared-name")
-    assert (after.revision, after.paused, after.ledger_len) == (before.revision, False, 1)
-    assert acme.get(f"{path}/window").json()["messages"] == [
-        {"role": "user", "content": "acme secret"}]
-
-
-def test_every_route_names_a_missing_session_by_the_callers_own_id(api: LiveApi) -> None:
-    http = api.http(api.key("acme"))
-    path = "/v1/sessions/nope"
-    http.post("/v1/sessions", json={"id": "other", "policy": POLICY})
-    etag = http.get("/v1/sessions/other/window").headers["etag"]
-    attempts = {
+def every_route(http: Any, path: str, etag: str) -> dict[str, Any]:
+    """The answer of each route on the session at ``path`` (``etag``: a window's, for the
+    long-poll), by the route's name."""
+    return {
         "read": http.get(path),
         "window": http.get(f"{path}/window"),
         "long-poll": http.get(f"{path}/window", params={"after": etag, "wait": 0}),
@@ -67,7 +32,37 @@ def test_every_route_names_a_missing_session_by_the_callers_own_id(api: LiveApi)
         "resume": http.post(f"{path}/resume"),
         "delete": http.delete(path),
     }
-    for name, answer in attempts.items():
+
+
+def test_another_tenants_session_is_not_found_by_any_route(api: LiveApi) -> None:
+    acme = api.http(api.key("acme"))
+    globex = api.http(api.key("globex"))
+    assert acme.post("/v1/sessions", json={"id": "shared-name", "policy": POLICY,
+                                           "system": "acme's"}).status_code == 201
+    acme.post("/v1/sessions/shared-name/messages",
+              json={"messages": [{"role": "user", "content": "acme secret"}]})
+    before = api.store.get_session("tenant:acme/shared-name")
+
+    path = "/v1/sessions/shared-name"
+    etag = acme.get(f"{path}/window").headers["etag"]
+    for name, answer in every_route(globex, path, etag).items():
+        assert answer.status_code == 404, (name, answer.text)
+        assert answer.json()["error"]["reason"] == "session-not-found", name
+        assert "acme" not in answer.text, name
+    assert globex.get("/v1/sessions").json()["sessions"] == []
+    # acme's session is untouched
+    after = api.store.get_session("tenant:acme/shared-name")
+    assert (after.revision, after.paused, after.ledger_len) == (before.revision, False, 1)
+    assert acme.get(f"{path}/window").json()["messages"] == [
+        {"role": "user", "content": "acme secret"}]
+
+
+def test_every_route_names_a_missing_session_by_the_callers_own_id(api: LiveApi) -> None:
+    http = api.http(api.key("acme"))
+    path = "/v1/sessions/nope"
+    http.post("/v1/sessions", json={"id": "other", "policy": POLICY})
+    etag = http.get("/v1/sessions/other/window").headers["etag"]
+    for name, answer in every_route(http, path, etag).items():
         assert answer.status_code == 404, (name, answer.text)
         error = answer.json()["error"]
         assert error["reason"] == "session-not-found", name
