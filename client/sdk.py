@@ -87,8 +87,9 @@ from sessionfold.core.messages import (
     ToolUseBlock,
     parse_message,
     parse_messages,
+    sdk_dict,
 )
-from sessionfold.core.openai_shape import from_openai, to_openai
+from sessionfold.core.openai_shape import from_openai, leading_system_count, to_openai
 from sessionfold.core.overflow import is_context_overflow
 
 from .aio import AsyncSessionHandle
@@ -254,14 +255,6 @@ def _checked_history(messages: Any) -> list[Message]:
         raise InvalidMessageError(f"messages is a list of messages, got "
                                   f"{type(messages).__name__}")
     return parse_messages(list(messages), check_pairing=False)
-
-
-def _dumped(raw: Any) -> Any:
-    """An SDK object (a ``ChatCompletionMessage``) as the plain JSON it stands for."""
-    dump = getattr(raw, "model_dump", None)
-    if not isinstance(raw, Mapping) and callable(dump):
-        return dump(mode="json", exclude_none=True)
-    return raw
 
 
 def _reply_message(content: Any) -> list[dict[str, Any]]:
@@ -840,11 +833,12 @@ class AsyncSessionAnthropic:
 
 # --- OpenAI chat completions ----------------------------------------------------------------------
 
-def _openai_history(messages: Any) -> Conversation:
+def _openai_history(messages: Any) -> list[Any]:
+    """The caller's chat history as plain dicts (the SDK's message objects dumped)."""
     if not isinstance(messages, list | tuple):
         raise InvalidMessageError(f"messages is a list of messages, got "
                                   f"{type(messages).__name__}")
-    return from_openai([_dumped(m) for m in messages])
+    return [sdk_dict(m) for m in messages]
 
 
 def _openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -893,7 +887,7 @@ class _ChatReply:
     @classmethod
     def of(cls, completion: Any) -> _ChatReply:
         choices = getattr(completion, "choices", None) or []
-        message = _dumped(choices[0].message) if choices else {}
+        message = sdk_dict(choices[0].message) if choices else {}
         return cls.made(completion, getattr(completion, "id", None),
                         getattr(completion, "model", None), getattr(completion, "usage", None),
                         {"role": "assistant", **message})
@@ -1079,12 +1073,11 @@ class SessionOpenAI:
         return f"SessionOpenAI({self.handle.session_id!r})"
 
     def _prepare(self, kwargs: Mapping[str, Any]) -> None:
-        raw = kwargs.get("messages")
-        conversation = _openai_history(raw)
+        history = _openai_history(kwargs.get("messages"))
+        conversation = from_openai(history)
         # Only leading system/developer messages are the prompt (a later one stays in place as
-        # a message of the conversation: core.openai_shape), so only they are compared with it.
-        first = next(iter(raw or ()), None)
-        given = first is not None and _dumped(first).get("role") in ("system", "developer")
+        # a message of the conversation), so only they are compared with the session's.
+        given = leading_system_count(history) > 0
         new = self._ledger.new_messages(conversation.messages,
                                         conversation.system if given else None)
         if new:

@@ -54,11 +54,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError, ToolPairingError
-from sessionfold.core.messages import Message, ToolResultBlock
+from sessionfold.core.messages import Message, ToolResultBlock, sdk_dict
 from sessionfold.core.openai_shape import (
     anthropic_marker,
     from_openai,
     in_openai_terms,
+    leading_system_count,
     openai_marker,
 )
 from sessionfold.store import AppendResult
@@ -103,23 +104,15 @@ def check_window_shape(shape: object) -> WindowShape:
     return shape  # type: ignore[return-value]
 
 
-def _sdk_dict(raw: Any) -> Any:
-    """An SDK's message object (openai's ``ChatCompletionMessage``...) as its JSON, unset
-    fields left out; anything else as it is."""
-    if isinstance(raw, Mapping | Message) or not hasattr(raw, "model_dump"):
-        return raw
-    return raw.model_dump(mode="json", exclude_none=True)
-
-
 def detect_shape(raw: Sequence[Any]) -> WindowShape:
     """The shape of ``raw`` where it is unambiguous (see the module doc); plain text messages
     are the same in both and read as Anthropic. InvalidMessageError for a batch of both."""
     openai = next(((i, why) for i, m in enumerate(raw)
-                   if (why := openai_marker(_sdk_dict(m)))), None)
+                   if (why := openai_marker(sdk_dict(m)))), None)
     if openai is None:
         return "anthropic"
     anthropic = next(((i, why) for i, m in enumerate(raw)
-                      if (why := anthropic_marker(_sdk_dict(m)))), None)
+                      if (why := anthropic_marker(sdk_dict(m)))), None)
     if anthropic is not None:
         raise InvalidMessageError(
             f"the messages mix the OpenAI chat shape (message {openai[0]}: {openai[1]}) and "
@@ -171,14 +164,13 @@ def openai_append(raw: Sequence[Any]) -> OpenAIAppend:
     input. The pairing is left to the store, which checks it against the ledger tail."""
     if isinstance(raw, Mapping | str | bytes):
         raise InvalidMessageError("messages must be a list; pass [message] for one")
-    dicts = [_sdk_dict(m) for m in raw]
+    dicts = [sdk_dict(m) for m in raw]
     conversation = from_openai(dicts, check_pairing=False)
     # Only system messages that open the append are the prompt re-sent (checked against the
     # session's); a later one is kept at its place among the messages.
-    opens_with_system = bool(dicts) and isinstance(dicts[0], Mapping) and dicts[0].get(
-        "role") in ("system", "developer")
     return OpenAIAppend(messages=conversation.messages,
-                        system=conversation.system if opens_with_system else None, raw=dicts)
+                        system=(conversation.system if leading_system_count(dicts) else None),
+                        raw=dicts)
 
 
 def check_system(given: str | None, session_system: str) -> None:

@@ -69,6 +69,7 @@ __all__ = [
     "find_lone_surrogate",
     "parse_message",
     "parse_messages",
+    "sdk_dict",
 ]
 
 
@@ -375,18 +376,19 @@ def _first_error(exc: ValidationError) -> tuple[Sequence[int | str], str]:
     return _clean_loc(err["loc"]), err["msg"].removeprefix("Value error, ")
 
 
-def _sdk_dict(raw: Any) -> Any:
-    """A provider SDK's block object (anthropic's ``TextBlock``, ``ToolUseBlock``, ...) as the
-    plain dict it stands for, so an agent can append ``response.content`` as it came back.
-    Unset optional fields (``citations=None``) are left out, as the API itself leaves them."""
-    if isinstance(raw, _Block | Mapping) or not hasattr(raw, "model_dump"):
+def sdk_dict(raw: Any) -> Any:
+    """A provider SDK's object (anthropic's ``TextBlock``, openai's ``ChatCompletionMessage``...)
+    as the plain dict it stands for, so an agent can append what a response holds as it came
+    back; anything else (a dict, sessionfold's own models) as it is. Unset optional fields
+    (``citations=None``) are left out, as the API itself leaves them."""
+    if isinstance(raw, Mapping | Message | _Block) or not hasattr(raw, "model_dump"):
         return raw
     return raw.model_dump(mode="json", exclude_none=True)
 
 
 def _parse_block(raw: Any, index: int, position: int) -> Block:
     where = f"content[{position}]"
-    raw = _sdk_dict(raw)
+    raw = sdk_dict(raw)
     if isinstance(raw, _Block):
         return raw  # type: ignore[return-value]
     if not isinstance(raw, Mapping):

@@ -32,9 +32,22 @@ from .messages import (
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
-    _sdk_dict,
     parse_messages,
+    sdk_dict,
 )
+
+__all__ = [
+    "CUSTOM_INPUT_KEY",
+    "EMPTY_REPLY_TEXT",
+    "OPENAI_PART_TYPES",
+    "RAW_ARGUMENTS_KEY",
+    "anthropic_marker",
+    "from_openai",
+    "in_openai_terms",
+    "leading_system_count",
+    "openai_marker",
+    "to_openai",
+]
 
 # --- OpenAI chat-completions shape -------------------------------------------------------------
 #
@@ -107,11 +120,22 @@ def anthropic_marker(message: Any) -> str | None:
         return "a Message"
     content = message.get("content") if isinstance(message, Mapping) else None
     for block in content if isinstance(content, list) else []:
-        block = _sdk_dict(block)
+        block = sdk_dict(block)
         kind = block.get("type") if isinstance(block, Mapping) else None
         if isinstance(kind, str) and kind not in OPENAI_PART_TYPES:
             return f"a {kind} block"
     return None
+
+
+def leading_system_count(raw: Sequence[Any]) -> int:
+    """How many messages open ``raw`` as ``system`` or ``developer`` messages: those are the
+    system prompt, in either shape (a later one is an instruction given where it stands)."""
+    count = 0
+    for m in raw:
+        if not (isinstance(m, Mapping) and m.get("role") in ("system", "developer")):
+            break
+        count += 1
+    return count
 
 
 def from_openai(raw: list[Any], *, check_pairing: bool = True) -> Conversation:
@@ -173,7 +197,7 @@ def _convert_openai(raw: Sequence[Any]
     system_parts: list[str] = []
     out: list[dict[str, Any]] = []
     origins: list[list[_Origin]] = []
-    leading = True
+    lead = leading_system_count(raw)
     for i, m in enumerate(raw):
         if not isinstance(m, Mapping):
             raise InvalidMessageError(f"a message must be an object, got {type(m).__name__}",
@@ -181,14 +205,13 @@ def _convert_openai(raw: Sequence[Any]
         role = _openai_role(m, i)
         if role in ("system", "developer"):
             text = _openai_text(m.get("content"), i, role)
-            if leading:
+            if i < lead:
                 system_parts.append(text)
                 continue
             # An instruction given at turn 30 must not apply from turn 0: it stays where it was.
             out.append({"role": "user", "content": f"[{role} message]\n{text}"})
             origins.append([_Origin(i, "content")])
             continue
-        leading = False
         if role == "user":
             content, where = _openai_parts(m.get("content"), i, "user")
             out.append({"role": "user", "content": content})

@@ -32,7 +32,9 @@ from .messages import (
     _first_error,
     parse_messages,
 )
-from .openai_shape import anthropic_marker, from_openai, openai_marker
+from .openai_shape import anthropic_marker, from_openai, leading_system_count, openai_marker
+
+__all__ = ["load_conversation", "load_conversation_file", "load_conversation_json"]
 
 # --- session files -----------------------------------------------------------------------------
 
@@ -67,7 +69,7 @@ def load_conversation(data: Any) -> Conversation:
         parts += [conv.system] if conv.system else []
         messages = conv.messages
     else:
-        lead = _leading_system_count(raw_messages)
+        lead = leading_system_count(raw_messages)
         parts += [_leading_system_text(m, i) for i, m in enumerate(raw_messages[:lead])]
         try:
             messages = parse_messages(raw_messages[lead:])
@@ -81,15 +83,6 @@ def load_conversation(data: Any) -> Conversation:
     return conv.model_copy(update={"summaries": marks}) if marks else conv
 
 
-def _leading_system_count(raw: Sequence[Any]) -> int:
-    count = 0
-    for m in raw:
-        if not (isinstance(m, Mapping) and m.get("role") in ("system", "developer")):
-            break
-        count += 1
-    return count
-
-
 def _file_shape(raw: Sequence[Any]) -> Literal["anthropic", "openai"]:
     """The shape of a session file's messages, read from their content.
 
@@ -99,7 +92,7 @@ def _file_shape(raw: Sequence[Any]) -> Literal["anthropic", "openai"]:
     an error; plain text, the same in both, reads as Anthropic unless it opens with a system
     message (then either reading gives the same conversation).
     """
-    lead = _leading_system_count(raw)
+    lead = leading_system_count(raw)
     anthropic = next(((i, why) for i, m in enumerate(raw) if (why := anthropic_marker(m))),
                      None)
     openai = next(((i, why) for i, m in enumerate(raw[lead:], lead)

@@ -104,6 +104,7 @@ from anthropic.types import Message as AnthropicMessage
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.openai_shape import from_openai
 from sessionfold.core.retention import find_identifiers
+from sessionfold.core.tokens import IMAGE_TOKENS
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -147,9 +148,8 @@ OPENAI_CACHE_MIN_TOKENS = 1024
 OPENAI_CACHE_STEP = 128
 #: Characters per delta of a streamed text or tool input (the API sends a few words at a time).
 STREAM_PIECE_CHARS = 24
-#: The most an image costs, and what one costs whose size is not read (a URL, a file id, bytes
-#: that are not an image): the API scales an image down to ~1.15 megapixels, ~1,600 tokens.
-IMAGE_TOKENS = 1_600
+# IMAGE_TOKENS (core.tokens, the estimator's figure for the same fact): the most an image costs,
+# and what one costs whose size is not read (a URL, a file id, bytes that are not an image).
 #: The API's rule for an image: width × height / 750 tokens, its long edge scaled to 1,568 px.
 IMAGE_PIXELS_PER_TOKEN = 750
 IMAGE_MAX_EDGE = 1_568

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sessionfold.core.compact import RETENTION_LIMIT, compact
+from sessionfold.core.compact import compact
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.frame import EarlierFold, summary_message
 from sessionfold.core.messages import (
@@ -22,7 +22,6 @@ from sessionfold.core.messages import (
 )
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import (
-    IDENTIFIER_LIMIT,
     check_retention,
     extract_identifiers,
     mentions,
@@ -208,10 +207,6 @@ def test_a_rolling_fold_carries_the_previous_summarys_identifiers_up_to_the_chec
     third = summarizer.summarize(claude_code_span(45, 5), previous_summary=second).text
     assert len(third) <= len(second) + 50  # rolling folds do not pile identifiers up
     assert sum(mentions(third, long_path(n)) for n in range(50)) == 40
-
-
-def test_the_planner_checks_as_many_identifiers_as_a_summary_is_asked_to_carry() -> None:
-    assert RETENTION_LIMIT == IDENTIFIER_LIMIT == 40
 
 
 _texts = st.text(min_size=1, max_size=400)
