@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autogen_core import FunctionCall
+from autogen_core import FunctionCall, Image
 from autogen_core.model_context import TokenLimitedChatCompletionContext
 from autogen_core.models import (
     AssistantMessage,
@@ -82,8 +82,10 @@ def to_autogen(message: Message) -> LLMMessage:
             FunctionExecutionResult(content=b["content"], name="bash",
                                     call_id=b["tool_use_id"], is_error=bool(b.get("is_error")))
             for b in results])
-    return UserMessage(content="\n".join(str(b["text"]) for b in blocks(message)),
-                       source="user")
+    # One part per text block (a list content is sent as that many text parts): joining them
+    # would change the bytes of a message that carries several.
+    texts: list[str | Image] = [str(b["text"]) for b in blocks(message)]
+    return UserMessage(content=texts if len(texts) != 1 else str(texts[0]), source="user")
 
 
 def from_autogen(messages: Sequence[LLMMessage]) -> list[dict[str, Any]]:
@@ -105,9 +107,11 @@ def from_autogen(messages: Sequence[LLMMessage]) -> list[dict[str, Any]]:
                 {"type": "tool_result", "tool_use_id": r.call_id, "content": r.content,
                  "is_error": bool(r.is_error)} for r in message.content]})
         elif isinstance(message, UserMessage):
-            text = message.content if isinstance(message.content, str) else "\n".join(
-                str(part) for part in message.content)
-            out.append({"role": "user", "content": [{"type": "text", "text": text}]})
+            parts = [message.content] if isinstance(message.content, str) else message.content
+            if not all(isinstance(part, str) for part in parts):
+                raise TypeError("an image in a user message: the transcripts carry text only")
+            out.append({"role": "user", "content": [{"type": "text", "text": part}
+                                                    for part in parts]})
         else:
             raise TypeError(f"unexpected message in the model context: {type(message).__name__}")
     return merge_tool_results(out)

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,16 @@ from b1.counting import Counter  # noqa: E402
 from b1.replay import replay  # noqa: E402
 from b1.transcripts import DEFAULT_DIR, load_transcripts  # noqa: E402
 
+from peers.shape import explicit_is_error  # noqa: E402
+
 #: peer name -> (adapter module, system class, distributions whose versions are reported)
 PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "langchain": ("peers.langchain_peer", "LangChainSystem",
                   ("langchain", "langchain-core", "langgraph")),
     "openhands": ("peers.openhands_peer", "OpenHandsSystem", ("openhands-sdk",)),
     "autogen": ("peers.autogen_peer", "AutoGenSystem", ("autogen-core", "autogen-agentchat")),
+    "langmem": ("peers.langmem_peer", "LangMemSystem",
+                ("langmem", "langchain-core", "langgraph")),
 }
 
 
@@ -59,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     module_name, class_name, packages = PEERS[args.system]
     system: Any = getattr(importlib.import_module(module_name), class_name)()
     only = [x for x in args.only.split(",") if x] or None
-    transcripts = load_transcripts(args.transcripts, only)
+    transcripts = [replace(t, messages=explicit_is_error(t.messages))
+                   for t in load_transcripts(args.transcripts, only)]
     system.self_check(transcripts)
     counter = Counter()
     runs = []

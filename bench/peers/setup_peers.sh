@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make the peers' own virtualenvs: bench/.venv-peers-<peer>, from requirements-<peer>.txt.
 #
-#   bash bench/peers/setup_peers.sh                 # all three: langchain openhands autogen
+#   bash bench/peers/setup_peers.sh                 # all four: langchain openhands autogen langmem
 #   bash bench/peers/setup_peers.sh openhands       # just one
 #
 # The peers are installed apart from the project (their dependencies would clash with it, and
@@ -26,7 +26,7 @@ fi
 
 peers=("$@")
 if [[ ${#peers[@]} -eq 0 ]]; then
-  peers=(langchain openhands autogen)
+  peers=(langchain openhands autogen langmem)
 fi
 for peer in "${peers[@]}"; do
   req="$here/requirements-$peer.txt"

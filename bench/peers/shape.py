@@ -8,7 +8,7 @@ from typing import Any
 from b1.checks import retrievable
 from b1.counting import block_key
 
-__all__ = ["blocks", "check_round_trip", "merge_tool_results", "text_of"]
+__all__ = ["blocks", "check_round_trip", "explicit_is_error", "merge_tool_results", "text_of"]
 
 Message = Mapping[str, Any]
 
@@ -23,6 +23,28 @@ def blocks(message: Message) -> list[Mapping[str, Any]]:
 def text_of(message: Message) -> str:
     """The message's text blocks, joined (tool blocks left out)."""
     return "\n".join(str(b["text"]) for b in blocks(message) if b.get("type") == "text")
+
+
+def explicit_is_error(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """The messages with ``"is_error": false`` written into every tool result that leaves it out.
+
+    The Messages API reads a missing ``is_error`` as false, and B1's counter does not count it,
+    but the peers' types cannot leave it out (LangChain's ``ToolMessage.status``, OpenHands'
+    ``Observation.is_error``, AutoGen's ``FunctionExecutionResult.is_error`` always hold a
+    value): without this, a transcript whose results omit it (``b1.public_traces``) fails the
+    round-trip check and reads as not retrievable, for a field that changes nothing sent.
+    """
+    return tuple(_with_is_error(m) for m in messages)
+
+
+def _with_is_error(message: Message) -> Message:
+    content = message["content"]
+    if isinstance(content, str) or all(
+            b.get("type") != "tool_result" or "is_error" in b for b in content):
+        return message
+    return {**message, "content": [
+        {**b, "is_error": False} if b.get("type") == "tool_result" and "is_error" not in b
+        else b for b in content]}
 
 
 def merge_tool_results(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
