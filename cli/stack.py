@@ -22,7 +22,9 @@ What it starts, in order:
   sessionfold process of the same data dir already serves it there, that one goes on serving
   (this stack's counts included); when another program holds the port, a free one is used.
 - **Children** (``python -m sessionfold.cli …``): ``workers`` Celery workers, each with
-  its own node name; the scheduler; Flower (configured port when free). Every child gets the
+  its own node name; the scheduler; Flower (configured port when free), always behind basic
+  auth: ``SESSIONFOLD_FLOWER_BASIC_AUTH`` when set, else a login made for this start
+  (:func:`flower_login`, kept in ``<data dir>/flower-login``, mode 0600). Every child gets the
   settings through its environment (:func:`settings_environ`), because each builds its own
   :class:`Settings` at its entry point. With ``log_dir`` set their output goes to one file each
   (a live display owns the terminal); otherwise it is inherited.
@@ -37,6 +39,7 @@ import contextlib
 import errno
 import ipaddress
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -58,11 +61,14 @@ from sessionfold.workers.settings import Settings, env_name
 from sessionfold.workers.wiring import RedisEndpoint, open_redis, open_store
 
 __all__ = [
+    "FLOWER_LOGIN_FILE",
     "FLOWER_TASKS_COLUMNS",
+    "FlowerLogin",
     "Stack",
     "StackError",
     "StackOptions",
     "check_flower_exposure",
+    "flower_login",
     "free_port",
     "port_or_free",
     "settings_environ",
@@ -73,6 +79,9 @@ _STOP_TIMEOUT_S = 20.0
 #: Flower's task list shows name, id, state, times and worker by default; the arguments hold the
 #: session id and the result the fold's outcome, which is what an operator looks for.
 FLOWER_TASKS_COLUMNS = "name,state,args,result,runtime,worker,received,uuid"
+#: Where a login made for Flower is kept, in the data dir beside the stack's other local state.
+FLOWER_LOGIN_FILE = "flower-login"
+_FLOWER_USER = "sessionfold"
 
 
 class StackError(SessionfoldError):
@@ -115,17 +124,57 @@ class _Child:
 
 
 def check_flower_exposure(settings: Settings) -> None:
-    """Refuse (InvalidInputError) to serve Flower without auth on a non-loopback address.
+    """Refuse (InvalidInputError) to serve Flower on a non-loopback address without a login
+    the operator chose.
 
-    Without basic auth Flower's HTTP API only answers when ``FLOWER_UNAUTHENTICATED_API`` is set,
-    and that API lists workers and tasks (session ids) and can control workers: acceptable on
-    127.0.0.1 of a developer's machine, never on an address other machines reach.
+    Flower's API lists workers and tasks (session ids, lock tokens) and enqueues and controls
+    them. sessionfold never opens it unauthenticated (``FLOWER_UNAUTHENTICATED_API``: with it,
+    any web page the developer visits could post to it, and any Host header is served, so DNS
+    rebinding reaches it too); without ``SESSIONFOLD_FLOWER_BASIC_AUTH`` it makes a login of
+    its own (:func:`flower_login`), good for this machine's loopback address only.
     """
     if settings.flower_basic_auth is not None or _is_loopback(settings.flower_host):
         return
     raise InvalidInputError(
-        f"Flower would serve its API without authentication on {settings.flower_host}: set "
-        f"{env_name('flower_basic_auth')}=user:password, or {env_name('flower_host')}=127.0.0.1")
+        f"Flower would serve its API on {settings.flower_host} with a login made for local "
+        f"use: set {env_name('flower_basic_auth')}=user:password, or "
+        f"{env_name('flower_host')}=127.0.0.1")
+
+
+@dataclass(frozen=True)
+class FlowerLogin:
+    """Flower's basic-auth login. ``path``: where a login made here is kept (None: the
+    operator's own, from ``SESSIONFOLD_FLOWER_BASIC_AUTH``, never shown)."""
+
+    user: str
+    password: str = field(repr=False)
+    path: Path | None = None
+
+    def describe(self) -> str:
+        """How a banner names the login: a made one in full (whoever started the stack needs
+        it; the data dir holds it too), the operator's own by its user only."""
+        if self.path is None:
+            return f"basic auth, user {self.user}"
+        return f"basic auth {self.user}:{self.password}, kept in {self.path}"
+
+
+def flower_login(settings: Settings) -> tuple[Settings, FlowerLogin]:
+    """``settings`` with Flower's basic auth, and the login: ``SESSIONFOLD_FLOWER_BASIC_AUTH``
+    when set, else a new one (user ``sessionfold``, a random password) written to
+    ``<data dir>/flower-login`` with mode 0600, for whoever starts the stack to read."""
+    if settings.flower_basic_auth is not None:
+        user, _, password = settings.flower_basic_auth.get_secret_value().partition(":")
+        return settings, FlowerLogin(user, password)
+    password = secrets.token_urlsafe(18)
+    credentials = f"{_FLOWER_USER}:{password}"
+    path = settings.data_dir / FLOWER_LOGIN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o600)  # a file left by an older start may have had others
+        out.write(credentials + "\n")
+    updated = settings.model_copy(update={"flower_basic_auth": SecretStr(credentials)})
+    return updated, FlowerLogin(_FLOWER_USER, password, path)
 
 
 def _is_loopback(host: str) -> bool:
@@ -190,6 +239,8 @@ class Stack:
         self.store: SessionStore | None = None
         self.host_metrics: HostMetrics | None = None
         self.flower_url: str | None = None
+        #: Flower's login, once it is started (see :func:`flower_login`).
+        self.flower_login: FlowerLogin | None = None
         self.worker_names: list[str] = []
         self._redis: RedisEndpoint | None = None
         self._children: list[_Child] = []
@@ -278,7 +329,8 @@ class Stack:
         settings = self.settings
         if opts.flower:
             port = port_or_free(settings.flower_host, settings.flower_port)
-            settings = settings.model_copy(update={"flower_port": port})
+            settings, self.flower_login = flower_login(
+                settings.model_copy(update={"flower_port": port}))
             self.settings = settings
         # The children join the same metrics directory and port (they defer to this process,
         # which serves their sum, and would take over if it went away first).

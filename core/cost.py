@@ -94,11 +94,17 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import InvalidInputError, InvalidPolicyError
+from .errors import (
+    InvalidInputError,
+    InvalidPolicyError,
+    InvalidUsageError,
+    UsageUnmeasurableError,
+)
 
 __all__ = [
     "CACHE_TTLS",
     "DEFAULT_PRICES",
+    "MAX_REPORTED_TOKENS",
     "TTL_SECONDS",
     "CacheTTL",
     "CallCost",
@@ -121,9 +127,11 @@ __all__ = [
     "fold_cost",
     "price_table",
     "prices_for",
+    "read_usage",
     "request_cost",
     "simulate_prefix_cache",
     "summarizer_dollars",
+    "usage_shape",
     "usage_tokens",
 ]
 
@@ -447,21 +455,92 @@ class CallCost:
         return self.uncached + self.cache_read + self.cache_write + self.output
 
 
+#: No context window holds a billion tokens: a reported count past it is garbage (and would not
+#: fit the store's integer columns on every backend), refused rather than taken.
+MAX_REPORTED_TOKENS = 10**9
+
+
 def _usage_value(usage: Any, name: str) -> Any:
     return usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
 
 
 def _usage_count(usage: Any, name: str, where: str = "usage") -> int | None:
-    """A token count of a usage (a mapping or an SDK object); None when it is absent."""
+    """A token count of a usage (a mapping or an SDK object); None when it is absent.
+
+    The one strict reading of a provider's count: an int >= 0 and nothing else. A boolean, a
+    float (even a whole one: no provider sends one), a numeric string, NaN or an infinity
+    (``1e400`` in JSON) is refused naming the field, never rounded or read as zero: a report
+    the agent's code mangled must say so, not measure the session wrong.
+    """
     value = _usage_value(usage, name)
     if value is None:
         return None
-    return _count(f"{where}.{name}", value)
+    field = f"{where}.{name}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidUsageError(f"{field} must be a whole number of tokens >= 0, got "
+                                f"{_shown(value)}", field=field)
+    if value > MAX_REPORTED_TOKENS:
+        raise UsageUnmeasurableError(
+            f"{field} is {_shown(value)} tokens, more than any context window holds (at most "
+            f"{MAX_REPORTED_TOKENS:,} are taken); this report is not used")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message (Python refuses to print an int of 4,300+ digits)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if value.bit_length() < 128 else \
+            f"an integer of {value.bit_length()} bits"
+    return f"{value!r:.60}"
 
 
 _ANTHROPIC_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens",
                      "cache_creation_input_tokens")
 _OPENAI_FIELDS = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
+#: Fields only one provider's reports name: they tell the shape of a report.
+_ANTHROPIC_ONLY = ("cache_read_input_tokens", "cache_creation_input_tokens", "cache_creation")
+_OPENAI_ONLY = ("prompt_tokens", "completion_tokens", "prompt_tokens_details",
+                "input_tokens_details")
+
+
+def usage_shape(usage: Any) -> UsageShape:
+    """The shape a usage report is in, read from the fields it names: ``"openai"`` when it names
+    one only OpenAI's reports have (``prompt_tokens``, ``completion_tokens`` or a ``*_details``
+    breakdown of the cached tokens), else ``"anthropic"`` (a report of ``input_tokens`` and
+    ``output_tokens`` alone reads the same in both). InvalidUsageError for a report naming
+    fields of both, or that is no report at all."""
+    _check_report(usage)
+    named = [n for n in _ANTHROPIC_ONLY if _usage_value(usage, n) is not None]
+    openai = [n for n in _OPENAI_ONLY if _usage_value(usage, n) is not None]
+    if named and openai:
+        raise InvalidUsageError(
+            f"this usage names fields of both Anthropic's shape ({named[0]}) and OpenAI's "
+            f"({openai[0]}); a report is one provider's", field=f"usage.{openai[0]}")
+    return "openai" if openai else "anthropic"
+
+
+def read_usage(usage: Any, shape: UsageShape | None = None, *,
+               ttl: CacheTTL = "5m") -> CallTokens:
+    """The one strict reader of a provider's usage report, for every caller: the billed split
+    of the call (:class:`CallTokens`; ``.prompt`` is its whole prompt).
+
+    ``usage`` is a mapping or an SDK usage object in either provider's shape (``shape`` None:
+    :func:`usage_shape` reads it from the fields); it is read as :func:`usage_tokens` reads
+    it. A report naming no count at all (None, ``{}``, an SDK object whose counts are None)
+    reads as zero tokens: whether an unmeasured call is an error is the caller's rule
+    (:func:`~sessionfold.core.tokens.measured_prompt_tokens`). A count that is not a whole
+    number >= 0 raises InvalidUsageError naming it (``usage.input_tokens``); one past
+    :data:`MAX_REPORTED_TOKENS`, UsageUnmeasurableError.
+    """
+    if usage is None:
+        return CallTokens()
+    if shape is None:
+        shape = usage_shape(usage)
+    _check_report(usage)
+    if all(_usage_value(usage, n) is None
+           for n in (*_ANTHROPIC_FIELDS, *_OPENAI_FIELDS, *_ANTHROPIC_ONLY, *_OPENAI_ONLY)):
+        return CallTokens()
+    return usage_tokens(usage, shape, ttl=ttl)
 
 
 def usage_tokens(usage: Any, shape: UsageShape, *, ttl: CacheTTL = "5m") -> CallTokens:
@@ -474,7 +553,8 @@ def usage_tokens(usage: Any, shape: UsageShape, *, ttl: CacheTTL = "5m") -> Call
     ``prompt_tokens_details.cached_tokens`` (or ``input_tokens_details.cached_tokens``) are
     uncached, the cached ones read; ``completion_tokens`` (or ``output_tokens``) are output.
     A report in the other shape, one naming none of the shape's fields, or a count that is not a
-    whole number >= 0 raises InvalidInputError.
+    whole number >= 0 raises InvalidInputError (InvalidUsageError, naming the field, for a
+    count).
     """
     if shape == "anthropic":
         return _anthropic_tokens(usage, _ttl(ttl))
@@ -483,13 +563,20 @@ def usage_tokens(usage: Any, shape: UsageShape, *, ttl: CacheTTL = "5m") -> Call
     raise InvalidInputError(f"a usage shape is 'anthropic' or 'openai', got {shape!r}")
 
 
+def _check_report(usage: Any) -> None:
+    # Text, numbers and sequences have no count attributes: they are no report, whatever
+    # getattr would say of them.
+    if usage is None or isinstance(usage, str | bytes | bytearray | int | float | list | tuple
+                                   | set | frozenset):
+        raise InvalidUsageError(f"a usage report is a mapping or an SDK usage object, got "
+                                f"{type(usage).__name__}", field="usage")
+
+
 def _require_fields(usage: Any, names: Sequence[str], shape: str) -> None:
-    if usage is None or isinstance(usage, str | bytes | int | float):
-        raise InvalidInputError(f"a usage report is a mapping or an SDK usage object, got "
-                                f"{type(usage).__name__}")
+    _check_report(usage)
     if all(_usage_value(usage, n) is None for n in names):
-        raise InvalidInputError(f"this usage names none of {', '.join(names)}: it is not an "
-                                f"{shape} usage report")
+        raise InvalidUsageError(f"this usage names none of {', '.join(names)}: it is not an "
+                                f"{shape} usage report", field="usage")
 
 
 def _anthropic_tokens(usage: Any, ttl: CacheTTL) -> CallTokens:
@@ -502,10 +589,11 @@ def _anthropic_tokens(usage: Any, ttl: CacheTTL) -> CallTokens:
         raise InvalidInputError(
             "this usage is an OpenAI Responses report (its input_tokens include "
             "input_tokens_details.cached_tokens) but the prices say usage_shape='anthropic'")
-    _require_fields(usage, _ANTHROPIC_FIELDS, "Anthropic")
+    _require_fields(usage, (*_ANTHROPIC_FIELDS, "cache_creation"), "Anthropic")
     created = _usage_count(usage, "cache_creation_input_tokens")
     w5, w1h = _ttl_breakdown(usage, created)
-    rest = (created or 0) - w5 - w1h
+    # Without the total, the breakdown is all that was written.
+    rest = created - w5 - w1h if created is not None else 0
     return CallTokens(
         uncached=_usage_count(usage, "input_tokens") or 0,
         cache_read=_usage_count(usage, "cache_read_input_tokens") or 0,
@@ -517,17 +605,28 @@ def _anthropic_tokens(usage: Any, ttl: CacheTTL) -> CallTokens:
 
 def _ttl_breakdown(usage: Any, created: int | None) -> tuple[int, int]:
     """The writes by lifetime that ``usage.cache_creation`` names: (5-minute, 1-hour)."""
-    breakdown = _usage_value(usage, "cache_creation")
+    breakdown = _usage_part(usage, "cache_creation")
     if breakdown is None:
         return 0, 0
     where = "usage.cache_creation"
     w5 = _usage_count(breakdown, "ephemeral_5m_input_tokens", where) or 0
     w1h = _usage_count(breakdown, "ephemeral_1h_input_tokens", where) or 0
     if created is not None and w5 + w1h > created:
-        raise InvalidInputError(
+        raise InvalidUsageError(
             f"{where} names {w5 + w1h:,} written tokens by lifetime, more than "
-            f"cache_creation_input_tokens ({created:,})")
+            f"cache_creation_input_tokens ({created:,})", field=where)
     return w5, w1h
+
+
+def _usage_part(usage: Any, name: str) -> Any:
+    """A breakdown inside a report (``cache_creation``, ``prompt_tokens_details``), or None;
+    InvalidUsageError when it is there but no mapping or object of counts."""
+    part = _usage_value(usage, name)
+    if part is not None and isinstance(part, str | bytes | bytearray | int | float | list
+                                       | tuple | set | frozenset):
+        raise InvalidUsageError(f"usage.{name} is a breakdown of counts (an object), got "
+                                f"{type(part).__name__}", field=f"usage.{name}")
+    return part
 
 
 def _openai_tokens(usage: Any) -> CallTokens:
@@ -541,12 +640,13 @@ def _openai_tokens(usage: Any) -> CallTokens:
         else "input_tokens"
     prompt = _usage_count(usage, prompt_name) or 0
     details_name = f"{prompt_name}_details"
-    details = _usage_value(usage, details_name)
+    details = _usage_part(usage, details_name)
     cached = 0 if details is None else (
         _usage_count(details, "cached_tokens", f"usage.{details_name}") or 0)
     if cached > prompt:
-        raise InvalidInputError(f"usage.{details_name}.cached_tokens ({cached:,}) exceeds "
-                                f"{prompt_name} ({prompt:,}), which include them")
+        raise InvalidUsageError(f"usage.{details_name}.cached_tokens ({cached:,}) exceeds "
+                                f"{prompt_name} ({prompt:,}), which include them",
+                                field=f"usage.{details_name}.cached_tokens")
     output = _usage_count(usage, "completion_tokens")
     if output is None:
         output = _usage_count(usage, "output_tokens") or 0

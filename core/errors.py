@@ -6,8 +6,10 @@ translated where they enter (``raise Mapped(msg) from exc``)::
     SessionfoldError
     ├── InvalidInputError              bad input from a caller; nothing was written
     │   ├── InvalidMessageError        a message or block is malformed (names index and field)
+    │   │   ├── ToolPairingError       an orphan tool_result / a tool_use answered out of place
+    │   │   └── TooLargeError          an append of more messages, or a larger one, than taken
     │   ├── InvalidPolicyError         a FoldPolicy value is out of range (says what is allowed)
-    │   └── ToolPairingError           an orphan tool_result / a tool_use answered out of place
+    │   └── InvalidUsageError          a usage report's count is not a whole number >= 0
     ├── UsageUnmeasurableError         the provider reported zero usage for a call that succeeded
     ├── SummarizerError                the summarizer could not produce a summary
     │   ├── TransientSummarizerError   429, 529, 5xx, timeouts: retry later (``retry_after``)
@@ -58,6 +60,23 @@ class InvalidPolicyError(InvalidInputError):
 
 class ToolPairingError(InvalidMessageError):
     """A tool_result without its tool_use in the previous message, or the reverse."""
+
+
+class TooLargeError(InvalidMessageError):
+    """An append holds more messages than the store takes at once, or a message (``index``)
+    larger than it takes; the message names the limit. Nothing was written."""
+
+
+class InvalidUsageError(InvalidInputError):
+    """A provider usage report holds a count that is not a whole number of tokens >= 0 (a
+    string, a boolean, a fraction, NaN or an infinity), or is no usage report at all.
+
+    ``field`` is the count's path in the report (``usage.input_tokens``).
+    """
+
+    def __init__(self, reason: str, *, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.field = field
 
 
 class UsageUnmeasurableError(SessionfoldError):

@@ -15,7 +15,8 @@ Input is validated here, at the boundary: a malformed message raises
 never a pydantic traceback. Beyond its shape, a message is refused when it holds what a reader
 or the Messages API would refuse later (:func:`parse_message`): a value nested deeper than
 :data:`MAX_NESTING_DEPTH`, a lone surrogate, a non-JSON number (see :mod:`.jsonvalues`), a
-tool_use id used twice in the conversation, two results for one call, or no text at all. An empty
+tool_use id used twice in the conversation, two results for one call, an image or document whose
+base64 data does not decode or whose URL is not http(s), or no text at all. An empty
 text block beside other content is dropped (the API refuses it, and its own responses hold such
 blocks). The OpenAI chat-completions shape is converted by :mod:`.openai_shape`, and session
 files are read by :mod:`.session_files`.
@@ -23,9 +24,12 @@ files are read by :mod:`.session_files`.
 
 from __future__ import annotations
 
+import binascii
 import re
+from base64 import b64decode
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeAlias, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -487,8 +491,65 @@ def _checked(message: Message, index: int) -> Message:
                     check_json_value(value, f"content[{pos}].{name}")
     except UnfitValue as bad:
         raise InvalidMessageError(bad.reason, index=index, field=bad.path) from None
+    _check_sources(message, index)
     _check_unique_ids(message, index)
     return _without_empty_text(message, index)
+
+
+def _check_sources(message: Message, index: int) -> None:
+    """Every image and document (tool results' parts too) is one the provider takes: base64
+    data that decodes, a URL that is http(s). Refused here because nothing later mends it: no
+    fold edits an image, so every window holding it would fail at the provider."""
+    if isinstance(message.content, str):
+        return
+    for pos, block in enumerate(message.content):
+        if isinstance(block, ImageBlock | DocumentBlock):
+            _check_source(block, index, f"content[{pos}].source")
+        elif isinstance(block, ToolResultBlock) and not isinstance(block.content, str):
+            for part_pos, part in enumerate(block.content):
+                if isinstance(part, ImageBlock | DocumentBlock):
+                    _check_source(part, index, f"content[{pos}].content[{part_pos}].source")
+
+
+def _check_source(block: ImageBlock | DocumentBlock, index: int, where: str) -> None:
+    # Other source types (a file id, a text document, content blocks) are the provider's to
+    # judge: nothing about them is known here to fail.
+    kind = block.source.get("type")
+    if kind == "base64":
+        problem = _base64_problem(block.source.get("data"))
+        if problem is not None:
+            raise InvalidMessageError(problem, index=index, field=f"{where}.data")
+    elif kind == "url":
+        url = block.source.get("url")
+        if not _is_web_url(url):
+            raise InvalidMessageError(
+                f"a {block.type}'s url must be an http(s) URL the provider can fetch, got "
+                f"{url!r:.60}", index=index, field=f"{where}.url")
+
+
+def _base64_problem(data: object) -> str | None:
+    """Why ``data`` is not base64 the provider decodes, or None. Decoded once to be sure (the
+    store's cap on a message bounds what that allocates); whitespace and characters outside
+    the alphabet are refused, as strict decoders refuse them."""
+    if not isinstance(data, str):
+        return f"base64 data must be text, got {type(data).__name__}"
+    if not data:
+        return "the source holds no data (empty base64)"
+    try:
+        b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:  # ValueError: a non-ASCII character
+        return f"the data is not valid base64 ({exc}); got {data[:20]!r}..."
+    return None
+
+
+def _is_web_url(url: object) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
 def _check_unique_ids(message: Message, index: int) -> None:

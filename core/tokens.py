@@ -13,7 +13,8 @@ one (:data:`IMAGE_TOKENS`), a text document as its text, a base64 PDF from its s
 :func:`pdf_tokens`), a document given by reference as one page of text, and a block sessionfold
 does not read by its JSON.
 
-Provider usage is read here and nowhere else:
+What a provider reported is read by :func:`~sessionfold.core.cost.read_usage`, the one strict
+reader of usage (every count a whole number >= 0, or the report is refused naming it); here:
 
 - the prompt size of a call is ``input_tokens + cache_read_input_tokens +
   cache_creation_input_tokens`` (:func:`prompt_tokens`): Anthropic's ``input_tokens`` alone
@@ -28,10 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import suppress
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import tiktoken
 from pydantic import BaseModel, ConfigDict
 
+from .cost import MAX_REPORTED_TOKENS, read_usage
 from .errors import UsageUnmeasurableError
 from .messages import (
     Block,
@@ -57,6 +58,7 @@ __all__ = [
     "DOCUMENT_TOKENS",
     "ENCODING",
     "IMAGE_TOKENS",
+    "MAX_REPORTED_TOKENS",
     "PDF_BYTES_PER_PAGE",
     "PDF_MAX_PAGES",
     "PDF_PAGE_TOKENS",
@@ -263,22 +265,6 @@ def default_counter() -> TokenCounter:
     return TokenCounter()
 
 
-def _usage_field(usage: Any, name: str) -> int:
-    value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
-    if value is None:
-        return 0
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return 0
-    return int(number) if math.isfinite(number) and number > 0 else 0
-
-
-#: No context window holds a billion tokens: a larger report is garbage (and would not fit the
-#: store's integer columns on every backend), refused rather than taken as the session's size.
-MAX_REPORTED_TOKENS = 10**9
-
-
 #: Where a usage report stands among a session's reports: ``(window revision, ledger seq)`` of
 #: the request it measured.
 ReportPosition = tuple[int, int]
@@ -307,16 +293,13 @@ def reported_prompt_tokens(usage: Any, *, measure: str = "reported") -> int | No
     """The prompt size a provider reported for a call that succeeded.
 
     ``usage`` is an anthropic ``Usage`` object or a dict with ``input_tokens``,
-    ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` (OpenAI's
-    ``prompt_tokens`` is read too). What may stand as a measurement is
-    :func:`measured_prompt_tokens`'s rule.
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, or OpenAI's (whose
+    ``prompt_tokens`` include the cached ones), read by
+    :func:`~sessionfold.core.cost.read_usage`: a count that is not a whole number >= 0 raises
+    InvalidUsageError naming it; None or a report of no counts is zero. What may stand as a
+    measurement is :func:`measured_prompt_tokens`'s rule.
     """
-    total = prompt_tokens(
-        _usage_field(usage, "input_tokens"),
-        _usage_field(usage, "cache_read_input_tokens"),
-        _usage_field(usage, "cache_creation_input_tokens"),
-    ) or _usage_field(usage, "prompt_tokens")
-    return measured_prompt_tokens(total, measure=measure)
+    return measured_prompt_tokens(read_usage(usage).prompt, measure=measure)
 
 
 def measured_prompt_tokens(total: int, *, measure: str = "reported") -> int | None:

@@ -1,5 +1,9 @@
 """Operator routes, ``/v1/admin/...``: every tenant's sessions, dead letters, keys (admin keys
-only; a tenant key gets 403, since these routes name no session of its own)."""
+only; a tenant key gets 403, since these routes name no session of its own).
+
+Like every route's, their answers show no store id: a session is its tenant and its id in that
+tenant, and the listing's page cursor is opaque (the store id's UTF-8, in hex).
+"""
 
 from __future__ import annotations
 
@@ -23,17 +27,34 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/admin", responses={
     401: {"model": ErrorOut, "description": "no API key, or an unknown or revoked one"},
-    403: {"model": ErrorOut, "description": "not an admin key"}})
+    403: {"model": ErrorOut, "description": "not an admin key"},
+    431: {"model": ErrorOut, "description": "more header fields, or a longer head, than the "
+                                            "API reads"},
+    503: {"model": ErrorOut, "description": "the store is unavailable"}})
+
+#: A page cursor: a store id's UTF-8 bytes in hex (store ids are at most 255 characters).
+_CURSOR = "^(?:[0-9a-f]{2}){1,1020}$"
+
+
+def _cursor(sid: str) -> str:
+    return sid.encode().hex()
+
+
+def _after(cursor: str) -> str:
+    # Any cursor is a place in the id order: one not made here lists from where it falls.
+    return bytes.fromhex(cursor).decode("utf-8", errors="replace")
 
 
 @router.get("/sessions", response_model=SessionListOut,
-            summary="List every tenant's sessions (store ids, paged)")
+            summary="List every tenant's sessions (paged)")
 def all_sessions(_: Admin, state: State,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                 after: Annotated[str | None, Query(max_length=255)] = None) -> Any:
-    found = state.store.list_sessions(limit=limit, after=after)
+                 after: Annotated[str | None, Query(pattern=_CURSOR, description="next_after "
+                                                    "of the page before")] = None) -> Any:
+    found = state.store.list_sessions(limit=limit,
+                                      after=_after(after) if after is not None else None)
     return SessionListOut(sessions=[SessionOut.of(info) for info in found],
-                          next_after=found[-1].id if len(found) == limit else None)
+                          next_after=_cursor(found[-1].id) if len(found) == limit else None)
 
 
 @router.get("/dead-letters", response_model=DeadLettersOut,

@@ -7,7 +7,8 @@
 
 The lifespan joins the host's metrics (before the first metric is recorded), connects the
 library client (store, usage publisher, Redis), and starts the process's one long-poll listener.
-Every error leaves as the one JSON shape of :mod:`.errors`.
+Every request passes the boundary (:mod:`.boundary`: its head, its key and its body's size are
+checked before the body is read); every error leaves as the one JSON shape of :mod:`.errors`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -27,13 +29,17 @@ from sessionfold.workers.exporter import HostMetrics, start_host_metrics
 from sessionfold.workers.runtime import freeze_startup_objects
 from sessionfold.workers.settings import Settings
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from . import admin, ops, routes
 from .auth import KeyChecker
+from .boundary import BoundaryMiddleware, Limits
 from .encoded import EncodedWindows
-from .errors import ApiError, ErrorSpec, error_body, library_error_body
+from .errors import ApiError, ErrorSpec, error_answer, error_body
 from .metrics import MetricsMiddleware, api_metrics
-from .state import ApiState, path_session
+from .schemas import COMPONENTS
+from .state import ApiState
 from .watch import WindowWatcher
 
 __all__ = ["API_TITLE", "create_app"]
@@ -90,18 +96,30 @@ def create_app(settings: Settings, *, client: Client | None = None) -> FastAPI:
 
     app = FastAPI(title=API_TITLE, version=_version(), description=_DESCRIPTION,
                   lifespan=lifespan)
-    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(BoundaryMiddleware, limits=Limits.from_settings(settings))
+    app.add_middleware(MetricsMiddleware)  # added last, so outermost: refusals are counted
     app.include_router(routes.router)
     app.include_router(admin.router)
     app.include_router(ops.router)
     _install_error_handlers(app)
+    _install_components(app)
     return app
 
 
+def _install_components(app: FastAPI) -> None:
+    """The document's shared schemas (the message shapes), which the bodies refer to."""
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = FastAPI.openapi(app)  # built once, then served from app.openapi_schema
+            document["components"]["schemas"].update(COMPONENTS)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    async def library(request: Request, exc: Exception) -> JSONResponse:
-        status, body = library_error_body(exc, own=path_session(request))
-        headers = exc.headers if isinstance(exc, ApiError) else None
+    async def library(_: Request, exc: Exception) -> JSONResponse:
+        status, body, headers = error_answer(exc)
         return JSONResponse(body, status_code=status, headers=headers)
 
     async def invalid(_: Request, exc: Exception) -> JSONResponse:
@@ -114,17 +132,32 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(spec, "; ".join(parts) or "invalid request"),
                             status_code=422)
 
-    async def http(_: Request, exc: Exception) -> JSONResponse:
+    async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
         kinds = {404: ("not_found", "no-such-route"), 405: ("invalid_request",
                                                            "method-not-allowed")}
         type_, reason = kinds.get(exc.status_code, ("invalid_request", "http-error"))
         spec = ErrorSpec(exc.status_code, type_, reason)
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # The router names the methods of the one route it tried; the path may have others.
+            headers["Allow"] = ", ".join(_methods_of(app, request.scope))
         return JSONResponse(error_body(spec, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers)
 
     app.add_exception_handler(SessionfoldError, library)
     app.add_exception_handler(ApiError, library)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http)
     app.add_exception_handler(Exception, library)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _methods_of(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route of ``app`` answers at the request's path (what a 405's
+    ``Allow`` lists), asked of the routes as the router asks them."""
+    return [method for method in _METHODS
+            if any(route.matches({**scope, "method": method})[0] is Match.FULL
+                   for route in app.router.routes)]

@@ -9,20 +9,23 @@ Every error body is ``{"error": {"type": ..., "reason": ..., "message": ...}}``:
   ``invalid-message``, ``session-not-found``, ``stale``, ``store-unavailable``...), or the API's
   own (``unauthorized``, ``admin-only``, ``session-exists``, ``invalid-request``);
 - ``message``: the library's message, for a person. A message error also names ``index`` and
-  ``field`` (which message of the request, where in it).
+  ``field`` (which message of the request, where in it), a usage error ``field``.
 
 The library's errors are mapped here, in one table (:data:`LIBRARY_ERRORS`, most specific
-class first); anything else is logged with its traceback and answered as ``internal`` without
-one: no traceback, SQL or stored value ever reaches a client.
+class first). An answer of 5xx says nothing of what failed inside (no traceback, SQL, driver
+text such as ``connection to server at "127.0.0.1", port 5432 failed``, or stored value): it
+says what is unavailable and carries an ``error_id``, which the server logs with the details.
 
 A message names the request's session as the caller named it: the library's messages name
 the store's id, which carries the caller's tenant (:mod:`.tenancy`), whatever route they came
-through, so that id is written back as the caller's own (``own``).
+through, so every such id is written back as the caller's own
+(:func:`~.tenancy.without_namespace`).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,7 @@ from sessionfold.core.errors import (
     InvalidInputError,
     InvalidMessageError,
     InvalidPolicyError,
+    InvalidUsageError,
     RedisUnavailableError,
     SchemaError,
     SessionfoldError,
@@ -39,11 +43,15 @@ from sessionfold.core.errors import (
     StaleSpanError,
     StoreError,
     SummarizerError,
+    TooLargeError,
     ToolPairingError,
     UsageUnmeasurableError,
 )
 
-__all__ = ["LIBRARY_ERRORS", "ApiError", "ErrorSpec", "error_body", "spec_of"]
+from .tenancy import without_namespace
+
+__all__ = ["LIBRARY_ERRORS", "ApiError", "ErrorSpec", "Failure", "error_answer", "error_body",
+           "logged_failure", "spec_of"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +68,10 @@ class ErrorSpec:
 #: The library's error tree (core/errors.py) as HTTP answers, most specific class first.
 LIBRARY_ERRORS: tuple[tuple[type[SessionfoldError], ErrorSpec], ...] = (
     (ToolPairingError, ErrorSpec(422, "invalid_request", "tool-pairing")),
+    (TooLargeError, ErrorSpec(413, "invalid_request", "too-large")),
     (InvalidMessageError, ErrorSpec(422, "invalid_request", "invalid-message")),
     (InvalidPolicyError, ErrorSpec(422, "invalid_request", "invalid-policy")),
+    (InvalidUsageError, ErrorSpec(422, "invalid_request", "invalid-usage")),
     (InvalidInputError, ErrorSpec(400, "invalid_request", "invalid-input")),
     (UsageUnmeasurableError, ErrorSpec(422, "invalid_request", "usage-unmeasurable")),
     (SessionNotFoundError, ErrorSpec(404, "not_found", "session-not-found")),
@@ -104,17 +114,50 @@ def error_body(spec: ErrorSpec, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": error}
 
 
-def library_error_body(exc: BaseException, *,
-                       own: tuple[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    """Status and body for an exception raised while serving a request. ``own``: the store's
-    id of the request's session and the caller's id of it (see the module doc)."""
+#: What a 5xx answer says, by reason: what is unavailable, never why (the log says why).
+_UNAVAILABLE = {
+    "store-unavailable": "the session store is unavailable",
+    "schema-mismatch": "the session store's schema does not match this server",
+    "redis-unavailable": "Redis is unavailable",
+    "summarizer-failed": "the summarizer failed",
+    "internal": "internal error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failure as a client may hear of it: what is unavailable, and the id the log has it
+    under."""
+
+    error_id: str
+    message: str
+
+
+def logged_failure(exc: BaseException, what: str = "answering a request") -> Failure:
+    """Log ``exc`` (the driver's text, and the traceback of an error outside the library's
+    tree) under a new error id; what a client may be told instead."""
     spec = spec_of(exc)
-    if spec is INTERNAL:
-        log.error("internal error while serving a request", exc_info=exc)
-        return spec.status, error_body(spec, "internal error; the server log has the details")
+    error_id = secrets.token_hex(6)
+    log.error("%s failed (error id %s): %s: %s", what, error_id, type(exc).__name__, exc,
+              exc_info=exc if spec is INTERNAL else None)
+    said = _UNAVAILABLE.get(spec.reason, "the server could not answer")
+    return Failure(error_id, f"{said} (error id {error_id}: the server log has the details)")
+
+
+def error_answer(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Status, body and headers for an exception raised while serving a request (see the
+    module doc)."""
+    spec = spec_of(exc)
+    headers = dict(exc.headers) if isinstance(exc, ApiError) else {}
+    if spec.status >= 500:
+        failure = logged_failure(exc)
+        return spec.status, error_body(spec, failure.message,
+                                       error_id=failure.error_id), headers
     if isinstance(exc, ApiError):
-        return spec.status, error_body(spec, exc.message)
-    message = str(exc) if own is None else str(exc).replace(*own)
+        return spec.status, error_body(spec, without_namespace(exc.message)), headers
+    message = without_namespace(str(exc))
     if isinstance(exc, InvalidMessageError):
-        return spec.status, error_body(spec, message, index=exc.index, field=exc.field)
-    return spec.status, error_body(spec, message)
+        return spec.status, error_body(spec, message, index=exc.index, field=exc.field), headers
+    if isinstance(exc, InvalidUsageError):
+        return spec.status, error_body(spec, message, field=exc.field), headers
+    return spec.status, error_body(spec, message), headers

@@ -26,10 +26,12 @@ from sessionfold.client.shapes import WindowShape
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.store.notify import WindowState
 
-__all__ = ["ETag", "Until", "changed", "etag_of", "parse_etag"]
+__all__ = ["ETAG_PATTERN", "ETag", "Until", "changed", "etag_of", "parse_etag"]
 
 Until = Literal["change", "fold"]
-_ETAG = re.compile(r'^(?:W/)?"?([0-9a-f]{1,16})-([0-9]{1,19})(-openai)?"?$')
+#: A window ETag as this API writes it (quotes and a ``W/`` prefix optional, spaces around).
+ETAG_PATTERN = r'^\s*(?:W/)?"?([0-9a-f]{1,16})-([0-9]{1,19})(-openai)?"?\s*$'
+_ETAG = re.compile(ETAG_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,7 @@ def etag_of(state: WindowState, shape: WindowShape = "anthropic") -> ETag:
 def parse_etag(text: str) -> ETag:
     """An ETag as this API wrote it (quotes and a ``W/`` prefix are accepted), with its
     shape."""
-    match = _ETAG.fullmatch(text.strip())
+    match = _ETAG.fullmatch(text)
     if match is None:
         raise InvalidInputError(f"not a window ETag of this API: {text!r:.80} (expected "
                                 "\"<incarnation hex>-<revision>[-openai]\", as the ETag header "

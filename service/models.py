@@ -2,7 +2,11 @@
 
 Messages, policies and usage travel as the library's own JSON: the routes hand them to the store
 and the library (which validate them and say what is wrong, with the library's error reasons),
-so their schema here is the library's (:class:`FoldPolicy`) or an open object.
+so the models take them as open objects, and the document shows what the library takes
+(:mod:`.schemas`). Every request body is read with strict JSON types: a boolean is no number
+(``{"seq": true}`` is not ledger row 1), a string no boolean, a fraction no count. A number
+without a fraction (``12.0``) is JSON's integer 12, as JSON Schema's ``integer`` says: it is
+read so where a count belongs (not inside messages, which are kept as given).
 """
 
 from __future__ import annotations
@@ -10,15 +14,33 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+import pydantic_core
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+)
 from sessionfold.client.recall import RecallKind, RecallOutcome
 from sessionfold.client.shapes import Shape, WindowShape
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionInfo
+from sessionfold.store.ledger import MAX_APPEND_MESSAGES
 from sessionfold.store.notify import WindowState
 
 from .etags import etag_of
-from .tenancy import split_store_id
+from .schemas import (
+    MESSAGE_SCHEMA,
+    POLICY_SCHEMA,
+    USAGE_SCHEMA,
+    append_messages_schema,
+    recall_schema,
+)
+from .tenancy import SESSION_ID_PATTERN, split_store_id
 
 __all__ = [
     "AppendIn",
@@ -45,12 +67,56 @@ __all__ = [
 
 #: A message in the Anthropic Messages shape (role, content) or the OpenAI chat shape; the
 #: store validates it.
-MessageJson = Annotated[dict[str, Any], WithJsonSchema({
-    "type": "object", "description": "A message in the Anthropic Messages shape "
-    "({\"role\": \"user\"|\"assistant\", \"content\": string or blocks}) or the OpenAI "
-    "chat shape (assistant tool_calls, role tool), as the append's shape says",
-    "additionalProperties": True})]
-PolicyJson = Annotated[dict[str, Any], WithJsonSchema(FoldPolicy.model_json_schema())]
+MessageJson = Annotated[dict[str, Any], WithJsonSchema(MESSAGE_SCHEMA)]
+
+
+def whole_numbers(value: Any) -> Any:
+    """``value`` (JSON) with every number that has no fraction as an int: JSON has one number
+    type, and JSON Schema's ``integer`` is any number without a fraction (``12.0`` is 12).
+    Fractions, NaN and infinities stay as they are, for the reader to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
+
+
+#: An integer as JSON writes it: ``12`` or ``12.0``; never ``true``, ``"12"`` or ``12.5``.
+JsonInt = Annotated[int, BeforeValidator(whole_numbers), Field(strict=True)]
+
+#: Each FoldPolicy field's type, read strictly from JSON (FoldPolicy itself converts: "4000" or
+#: true would pass as numbers).
+_POLICY_TYPES = {name: TypeAdapter(field.annotation)
+                 for name, field in FoldPolicy.model_fields.items()
+                 if field.annotation is not None}
+
+
+def _strict_policy_types(policy: dict[str, Any]) -> dict[str, Any]:
+    policy = whole_numbers(policy)
+    for name, value in policy.items():
+        adapter = _POLICY_TYPES.get(name)
+        if adapter is None:
+            continue  # an unknown field: FoldPolicy refuses it, naming the ones it has
+        try:
+            adapter.validate_json(pydantic_core.to_json(value), strict=True)
+        except (ValidationError, pydantic_core.PydanticSerializationError) as exc:
+            problem = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            raise ValueError(f"policy.{name}: {problem}") from None
+    return policy
+
+
+PolicyJson = Annotated[dict[str, Any], AfterValidator(_strict_policy_types),
+                       WithJsonSchema(POLICY_SCHEMA)]
+UsageJson = Annotated[dict[str, Any], AfterValidator(whole_numbers),
+                      WithJsonSchema(USAGE_SCHEMA)]
+
+
+class _In(BaseModel):
+    """A request body: no unknown fields, strict JSON types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Out(BaseModel):
@@ -63,20 +129,24 @@ class ErrorDetail(_Out):
     reason: str = Field(description="the precise cause, named after the library's error")
     message: str
     index: int | None = Field(default=None, description="which message of the request")
-    field: str | None = Field(default=None, description="where in that message")
+    field: str | None = Field(default=None, description="where in that message (or in the "
+                              "usage report: usage.input_tokens)")
+    error_id: str | None = Field(default=None, description="with a 5xx: the id the server's "
+                                 "log has the failure under")
 
 
 class ErrorOut(_Out):
     error: ErrorDetail
 
 
-class SessionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SessionIn(_In):
     id: str = Field(description="the session's id within your tenant (URL-safe)",
-                    examples=["agent-7"])
+                    pattern=SESSION_ID_PATTERN, max_length=200, examples=["agent-7"])
     policy: PolicyJson = Field(description="the fold policy (FoldPolicy); budget_tokens at least")
-    system: str = Field(default="", description="the system prompt, fixed at creation")
+    # The store refuses a NUL (PostgreSQL text cannot hold it), answered 400 naming the field:
+    # the document says so without the model refusing it first.
+    system: str = Field(default="", description="the system prompt, fixed at creation (no NUL)",
+                        json_schema_extra={"pattern": "^[^\\x00]*$"})
     exist_ok: bool = Field(default=False, description="answer 200 with the existing session "
                            "instead of 409 when the id exists")
 
@@ -120,10 +190,13 @@ class SessionListOut(_Out):
     next_after: str | None = Field(description="pass as ?after= for the next page (None: done)")
 
 
-class AppendIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AppendIn(_In):
+    model_config = ConfigDict(json_schema_extra=append_messages_schema(MAX_APPEND_MESSAGES))
 
-    messages: list[MessageJson] = Field(description="messages to append, in order")
+    messages: list[MessageJson] = Field(
+        min_length=1, max_length=MAX_APPEND_MESSAGES,
+        description=f"messages to append, in order: 1 to {MAX_APPEND_MESSAGES:,}, none over "
+                    "8 MiB stored (413 too-large)")
     shape: Shape = Field(default="auto", description="anthropic, openai, or auto: read from "
                          "the messages where unambiguous (a tool role or tool_calls is OpenAI, "
                          "a tool_use or tool_result block Anthropic, plain text either). In the "
@@ -166,15 +239,14 @@ class WindowOut(_Out):
     messages: list[dict[str, Any]]
 
 
-class UsageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    usage: dict[str, Any] = Field(description="the provider's usage object, Anthropic "
-                                  "(input_tokens, cache_read_input_tokens, "
-                                  "cache_creation_input_tokens, output_tokens) or OpenAI "
-                                  "(prompt_tokens, completion_tokens) shape")
-    seq: int = Field(ge=0, description="last_seq of the window the call sent")
-    revision: int = Field(ge=0, description="revision of the window the call sent")
+class UsageIn(_In):
+    usage: UsageJson = Field(description="the provider's usage object, Anthropic "
+                             "(input_tokens, cache_read_input_tokens, "
+                             "cache_creation_input_tokens, output_tokens) or OpenAI "
+                             "(prompt_tokens, completion_tokens) shape; a count that is not "
+                             "a whole number >= 0 is refused naming it (invalid-usage)")
+    seq: JsonInt = Field(ge=0, description="last_seq of the window the call sent")
+    revision: JsonInt = Field(ge=0, description="revision of the window the call sent")
     model: str | None = Field(default=None, max_length=200)
 
 
@@ -197,17 +269,19 @@ class LedgerOut(_Out):
     next_start: int | None = Field(description="pass as ?start= for the next page (None: done)")
 
 
-class RecallIn(BaseModel):
+class RecallIn(_In):
     """The recall tool's input (``sessionfold_recall``): ledger rows by ``seq`` (with an
     ``offset`` into the first row's text), or a ``query``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(json_schema_extra=recall_schema())
 
-    seq: str | int | None = Field(default=None, description='a ledger row or range as the '
-                                  'window names it: "12", "#12", "12-30" or "#12–#30"',
-                                  examples=["#3–#14"])
-    offset: int | None = Field(default=None, description="with seq: the character of the "
-                               "first row's text to start at (an answer cut short says where)")
+    seq: str | JsonInt | None = Field(default=None, description='a ledger row or range as '
+                                        'the window names it: "12", "#12", "12-30" or '
+                                        '"#12–#30", or the row\'s number',
+                                        examples=["#3–#14"])
+    offset: JsonInt | None = Field(default=None, description="with seq: the character of "
+                                     "the first row's text to start at (an answer cut short "
+                                     "says where)")
     query: str | None = Field(default=None, description="words or identifiers to search the "
                               "session's ledger for", examples=["ACCT-90417"])
 

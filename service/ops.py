@@ -20,12 +20,15 @@ from sessionfold.core.errors import SessionfoldError
 from sessionfold.workers.metrics import exposition
 from sessionfold.workers.redis_conn import mapped_errors
 
-from .models import HealthOut, HealthPart
+from .errors import logged_failure
+from .models import ErrorOut, HealthOut, HealthPart
 from .state import ApiState, State
 
 __all__ = ["ops_limiter", "router"]
 
-router = APIRouter()
+router = APIRouter(responses={431: {"model": ErrorOut, "description": "more header fields, "
+                                                                   "or a longer head, than "
+                                                                   "the API reads"}})
 _OPS_LIMITER: anyio.CapacityLimiter | None = None
 
 
@@ -49,10 +52,12 @@ async def healthz(state: State) -> Any:
 
 
 def _check(state: ApiState) -> tuple[HealthPart, HealthPart]:
+    # A failure's text (the driver's, naming hosts and ports) goes to the log under an error
+    # id; the probe's answer says what is away and the id.
     try:
         store = HealthPart(ok=True, detail=f"schema {state.store.check_schema()}")
     except SessionfoldError as exc:
-        store = HealthPart(ok=False, detail=str(exc))
+        store = HealthPart(ok=False, detail=logged_failure(exc, "/healthz: the store").message)
     client = state.redis()
     if client is None:
         return store, HealthPart(ok=False, detail="no Redis configured or started")
@@ -61,7 +66,7 @@ def _check(state: ApiState) -> tuple[HealthPart, HealthPart]:
             client.ping()
         redis = HealthPart(ok=True, detail="ping answered")
     except SessionfoldError as exc:
-        redis = HealthPart(ok=False, detail=str(exc))
+        redis = HealthPart(ok=False, detail=logged_failure(exc, "/healthz: Redis").message)
     return store, redis
 
 

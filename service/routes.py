@@ -24,12 +24,14 @@ from sessionfold.core.errors import (
     UsageUnmeasurableError,
 )
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.store import SessionInfo
+from sessionfold.store.ledger import MAX_KEY_LEN
 from sessionfold.workers.metrics import metrics
 from sessionfold.workers.usagebus import UsageEvent
 
 from .encoded import EncodedWindow
 from .errors import ApiError
-from .etags import ETag, Until, parse_etag
+from .etags import ETAG_PATTERN, ETag, Until, parse_etag
 from .metrics import api_metrics
 from .models import (
     AppendIn,
@@ -55,10 +57,14 @@ __all__ = ["router"]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": text} for code, text in (
         (400, "invalid input (reason names the library's error)"),
-        (401, "no API key, or an unknown or revoked one"),
+        (401, "no API key, or an unknown or revoked one (checked before the body is read)"),
         (404, "no such session in your tenant"),
+        (413, "the body is larger than the API reads (body-too-large), or an append holds "
+              "more messages, or a larger one, than the store takes (too-large)"),
         (422, "a malformed request, message, policy or usage report"),
-        (503, "the store (or Redis) is unavailable; nothing was written"),
+        (431, "more header fields, or a longer head, than the API reads"),
+        (503, "the store (or Redis) is unavailable; nothing was written (error_id names the "
+              "failure in the server's log)"),
     )
 }
 router = APIRouter(prefix="/v1", responses=_ERRORS)
@@ -82,13 +88,15 @@ def create_session(body: SessionIn, caller: Caller, state: State, response: Resp
     sid = store_id(caller.tenant, body.id)
     policy = FoldPolicy.from_json(body.policy)
     store = state.store
-    try:
-        info = store.get_session(sid)
-    except SessionNotFoundError:
-        try:
-            return SessionOut.of(store.create_session(sid, policy, body.system))
-        except InvalidInputError:
-            info = store.get_session(sid)  # created meanwhile by a concurrent request
+    info = _existing(state, sid)
+    if info is None:
+        # exist_ok=True: a session made meanwhile by a concurrent request is read back, not
+        # raised, so every InvalidInputError here is about this request's own values (a NUL in
+        # the system prompt...), answered 400 as the store says it. One made meanwhile with
+        # this very policy and prompt is the session asked for: answered as made here.
+        info = store.create_session(sid, policy, body.system, exist_ok=True)
+        if (info.system, info.policy) == (body.system, policy):
+            return SessionOut.of(info)
     if not body.exist_ok:
         raise ApiError(409, "conflict", "session-exists",
                        f"session {body.id!r} exists; pass exist_ok to get it")
@@ -97,6 +105,13 @@ def create_session(body: SessionIn, caller: Caller, state: State, response: Resp
                        f"session {body.id!r} exists with another policy or system prompt")
     response.status_code = 200
     return SessionOut.of(info)
+
+
+def _existing(state: State, sid: str) -> SessionInfo | None:
+    try:
+        return state.store.get_session(sid)
+    except SessionNotFoundError:
+        return None
 
 
 @router.get("/sessions", response_model=SessionListOut, summary="List your sessions (paged)")
@@ -151,8 +166,9 @@ def _set_paused(state: State, sid: str, paused: bool) -> SessionOut:
 def append(session_id: SessionId, body: AppendIn, caller: Caller, state: State,
            response: Response,
            idempotency_key: Annotated[str | None, Header(
-               max_length=255, description="a retry with the same key and messages is not "
-               "appended twice (the library's key=)")] = None) -> Any:
+               min_length=1, max_length=MAX_KEY_LEN, pattern="^[^\\x00-\\x1f\\x7f]*$",
+               description="a retry with the same key and messages is not appended twice "
+               "(the library's key=)")] = None) -> Any:
     # The library's own append, as an agent's handle makes it: the same shapes and checks, and
     # the same nudge when it takes the session past its trigger (the scheduler reads it now,
     # not at its next sweep). The handle holds no tool results: nothing is kept between
@@ -188,7 +204,7 @@ incarnation and revision.
 async def read_window(
         session_id: SessionId, caller: Caller, state: State,
         wait: Annotated[float, Query(ge=0, le=3600, description="seconds to wait")] = 0,
-        after: Annotated[str | None, Query(max_length=64,
+        after: Annotated[str | None, Query(max_length=64, pattern=ETAG_PATTERN,
                                            description="the ETag to wait past")] = None,
         until: Annotated[Until, Query(description="change: any change; fold: a fold")]
         = "change",

@@ -19,7 +19,7 @@ import re
 from sessionfold.core.errors import InvalidInputError
 
 __all__ = ["MAX_SESSION_ID_LEN", "SESSION_ID_PATTERN", "TENANT_PATTERN", "check_tenant",
-           "local_id", "split_store_id", "store_id", "tenant_prefix"]
+           "local_id", "split_store_id", "store_id", "tenant_prefix", "without_namespace"]
 
 #: A tenant name: what ``sessionfold keys create TENANT`` accepts.
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -30,6 +30,8 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@~-]{0,199}$"
 _NAMESPACE = "tenant:"
 _TENANT = re.compile(TENANT_PATTERN)
 _SESSION = re.compile(SESSION_ID_PATTERN)
+#: A store id's namespace as it appears inside a text (a library error's message).
+_NAMESPACE_IN_TEXT = re.compile(_NAMESPACE + TENANT_PATTERN[1:-1] + "/")
 
 
 def check_tenant(name: str) -> str:
@@ -62,6 +64,13 @@ def split_store_id(sid: str) -> tuple[str | None, str]:
         if sep and _TENANT.fullmatch(tenant) and _SESSION.fullmatch(rest):
             return tenant, rest
     return None, sid
+
+
+def without_namespace(text: str) -> str:
+    """``text`` with every store id in it written as the API's id (``tenant:acme/agent-7`` as
+    ``agent-7``): what the library says of a session reaches a caller in the caller's terms,
+    and no answer shows the store's namespace."""
+    return _NAMESPACE_IN_TEXT.sub("", text)
 
 
 def local_id(tenant: str, sid: str) -> str:

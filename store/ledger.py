@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pydantic_core
 import sqlalchemy as sa
 from sessionfold.core.errors import (
     DiscardedOriginalsError,
     InvalidInputError,
     InvalidMessageError,
+    TooLargeError,
     ToolPairingError,
 )
 from sessionfold.core.layers import clip_oversized
@@ -49,9 +51,19 @@ from .schema import append_keys, ledger, tool_use_ids, window_items
 from .search import chunk_rows, derive_chunks, insert_chunks
 from .sessions import current_tokens, load_session, lock_session, update_session
 
-__all__ = ["PreparedAppend", "append_prepared", "prepare_append", "read_ledger", "recover"]
+__all__ = ["MAX_APPEND_MESSAGES", "MAX_MESSAGE_BYTES", "PreparedAppend", "append_prepared",
+           "prepare_append", "read_ledger", "recover"]
 
 MAX_KEY_LEN = 255
+#: The most messages one append takes. A whole transcript imported at once is a few hundred;
+#: thousands in one request are a client's bug or an attack, and one transaction writing them
+#: holds the session's write lock (and every fold of it) for seconds.
+MAX_APPEND_MESSAGES = 1000
+#: The largest message one append takes, as stored (its JSON, UTF-8). 8 MiB of text is about
+#: two million tokens, more than any model's context window holds, and the largest image the
+#: Messages API takes (5 MB) fits in base64: a larger message could never be sent to a model,
+#: and every window holding it would fail.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 #: Tool ids looked up per statement (an imported transcript may append hundreds of calls at
 #: once; SQLite caps the parameters of one statement).
 _LOOKUP_CHUNK = 500
@@ -84,11 +96,15 @@ def prepare_append(raw: object, counter: TokenCounter, *, recall: bool = False) 
             f"messages must be a list of messages, got {type(raw).__name__}")
     if not raw:
         raise InvalidMessageError("nothing to append: the list of messages is empty")
+    if len(raw) > MAX_APPEND_MESSAGES:
+        raise TooLargeError(f"an append takes at most {MAX_APPEND_MESSAGES:,} messages, got "
+                            f"{len(raw):,}: send them in several appends")
     parsed = [parse_message(m, i) for i, m in enumerate(raw)]
     # Pairing inside the batch now; pairing with the ledger tail under the lock.
     if len(parsed) > 1:
         check_tool_pairing(parsed[1:], first_index=1, previous=parsed[0])
     encoded = [encode_message(m) for m in parsed]
+    _check_sizes(encoded)
     stored = [decode_message(e) for e in encoded]
     # An agent append keeps the digest it always had (keys written before recall still match).
     digest = messages_digest([{"origin": "recall"}, *encoded] if recall else encoded)
@@ -101,6 +117,18 @@ def prepare_append(raw: object, counter: TokenCounter, *, recall: bool = False) 
         # Derived from the stored form, as a reindex derives them from the ledger row.
         chunks=None if recall else derive_chunks(stored),
     )
+
+
+def _check_sizes(encoded: Sequence[dict[str, Any]]) -> None:
+    """TooLargeError naming the first message larger than :data:`MAX_MESSAGE_BYTES` stored."""
+    for index, data in enumerate(encoded):
+        size = len(pydantic_core.to_json(data))
+        if size > MAX_MESSAGE_BYTES:
+            raise TooLargeError(
+                f"this message is {size:,} bytes as stored, more than the {MAX_MESSAGE_BYTES:,} "
+                "bytes one message may hold (about two million tokens of text: more than any "
+                "context window); send a shorter one, or store the content elsewhere and send "
+                "where it is", index=index)
 
 
 def check_key(key: object) -> str | None:

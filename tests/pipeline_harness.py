@@ -30,6 +30,7 @@ import httpx2
 import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
+from sessionfold.cli.stack import FLOWER_LOGIN_FILE
 from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
@@ -119,7 +120,10 @@ def started_flower(request: pytest.FixtureRequest, settings: Settings,
                                             "sessionfold flower:"))
     url = f"http://127.0.0.1:{settings.flower_port}"
     wait_until(lambda: _answers(f"{url}/healthcheck"), timeout_s=60, what="Flower to answer")
-    return proc, url
+    # Flower's API needs its login: the one the command made (its healthcheck needs none).
+    login = (settings.flower_basic_auth.get_secret_value() if settings.flower_basic_auth
+             else (settings.data_dir / FLOWER_LOGIN_FILE).read_text(encoding="utf-8").strip())
+    return proc, url.replace("http://", f"http://{login}@")
 
 
 def flower_lists(flower_url: str, job_id: str) -> dict[str, Any]:

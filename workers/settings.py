@@ -276,6 +276,17 @@ class Settings(BaseSettings):
     #: How long an API process trusts a checked API key before asking the store again: a
     #: revoked key stops working within this time.
     api_key_cache_s: float = Field(default=5.0, ge=0, le=300)
+    #: The largest request body an API process reads, in bytes (16 MiB): a larger one is
+    #: answered 413 before it is read (its Content-Length says so) or as soon as it passes the
+    #: limit (a chunked body), and a request without a valid key is answered 401 before any of
+    #: its body is read. The store's own caps apply within it: at most 1,000 messages per
+    #: append, none over 8 MiB.
+    api_max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1 << 30)
+    #: The most bytes of a request's head (its request line and headers) an API process reads:
+    #: a longer head is answered 431 before it is complete.
+    api_max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=1 << 20)
+    #: The most header fields one request may carry: more are answered 431.
+    api_max_headers: int = Field(default=100, ge=16, le=10_000)
 
     # --- fleet scale: partitions, Redis Cluster, the broker (issue 14) -------------------------
     #: Sessions are split into this many partitions by a hash of their id: one usage stream,

@@ -75,8 +75,9 @@ from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any
 
 import redis
+from sessionfold.core.cost import read_usage
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.core.tokens import prompt_tokens, reported_prompt_tokens
+from sessionfold.core.tokens import measured_prompt_tokens, prompt_tokens
 
 from .keys import Keys
 from .metrics import VisitCounts
@@ -173,30 +174,22 @@ class UsageEvent:
         """An event from a provider's usage: an anthropic ``Usage``, an OpenAI ``usage``, or a
         dict with either's fields.
 
-        The prompt size comes from :func:`~sessionfold.core.tokens.reported_prompt_tokens`, the
-        one reading of provider usage (Anthropic's three input counts, else OpenAI's
-        ``prompt_tokens``, whose ``prompt_tokens_details.cached_tokens`` are already inside it).
-        Anthropic's cache counts are kept apart; ``input_tokens`` is the rest, so
-        :attr:`prompt_tokens` is that size. Missing or None counts read as 0 (anthropic leaves
-        the cache fields None when unused); a report of zero makes an event of zero, which the
-        client flags rather than sends.
+        Read by :func:`~sessionfold.core.cost.read_usage`, the one strict reader of provider
+        usage: a count that is not a whole number >= 0 raises InvalidUsageError naming it, and a
+        prompt no context window holds UsageUnmeasurableError. The event keeps the provider's
+        split: ``input_tokens`` the uncached part (OpenAI's ``prompt_tokens`` less its cached
+        tokens), the cache reads and writes apart, so :attr:`prompt_tokens` is the whole prompt.
+        Missing or None counts read as 0 (anthropic leaves the cache fields None when unused); a
+        report of zero makes an event of zero, which the client flags rather than sends.
         """
-        def count(name: str) -> int:
-            value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
-            return 0 if value is None else int(value)
-
-        prompt = reported_prompt_tokens(usage, measure="estimate") or 0
-        cache_read = count("cache_read_input_tokens")
-        cache_creation = count("cache_creation_input_tokens")
-        # Without a positive size the raw count goes in, so that garbage (a negative count) is
-        # refused by validation as before rather than passed on as "zero".
-        rest = prompt - cache_read - cache_creation if prompt else count("input_tokens")
+        tokens = read_usage(usage)
+        measured_prompt_tokens(tokens.prompt, measure="estimate")  # refuses impossible sizes
         return cls(
             session_id=session_id, seq=seq, revision=revision,
-            input_tokens=max(rest, 0) if prompt else rest,
-            cache_read_input_tokens=cache_read,
-            cache_creation_input_tokens=cache_creation,
-            output_tokens=count("output_tokens") or count("completion_tokens"),
+            input_tokens=tokens.uncached,
+            cache_read_input_tokens=tokens.cache_read,
+            cache_creation_input_tokens=tokens.cache_write_5m + tokens.cache_write_1h,
+            output_tokens=tokens.output,
             model=model or "",
             time=time.time() if time_s is None else time_s,
         )

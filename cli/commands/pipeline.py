@@ -41,7 +41,13 @@ from sessionfold.workers.settings import Settings, redact_url
 from sessionfold.workers.wiring import open_store, redis_url_for
 
 from ..replay import ReplayOptions, format_table, load_files, replay
-from ..stack import FLOWER_TASKS_COLUMNS, Stack, StackOptions, check_flower_exposure
+from ..stack import (
+    FLOWER_TASKS_COLUMNS,
+    Stack,
+    StackOptions,
+    check_flower_exposure,
+    flower_login,
+)
 
 __all__ = ["register"]
 
@@ -83,9 +89,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     flower = subparsers.add_parser(
         "flower", help="run Flower, the Celery monitor, on the pipeline's broker",
-        description="Run Flower on the broker. Basic auth from SESSIONFOLD_FLOWER_BASIC_AUTH; "
-                    "without it Flower's API is opened with FLOWER_UNAUTHENTICATED_API, which "
-                    "is refused (exit 2) unless SESSIONFOLD_FLOWER_HOST is a loopback address.")
+        description="Run Flower on the broker, behind basic auth: "
+                    "SESSIONFOLD_FLOWER_BASIC_AUTH, or a login made now and printed (kept in "
+                    "<data dir>/flower-login), which is refused (exit 2) unless "
+                    "SESSIONFOLD_FLOWER_HOST is a loopback address.")
     flower.set_defaults(handler=_flower)
 
     rep = subparsers.add_parser(
@@ -198,19 +205,18 @@ def _scheduler(args: argparse.Namespace) -> int:
 def _flower(args: argparse.Namespace) -> int:
     settings = _settings("flower")
     check_flower_exposure(settings)  # before the broker starts: exit 2 with the reason
+    # Never FLOWER_UNAUTHENTICATED_API: Flower's API lists and enqueues tasks, and any web page
+    # could post to it from the developer's browser. `up` passes the login it made.
+    settings, login = flower_login(settings)
+    assert settings.flower_basic_auth is not None
     with redis_url_for(settings) as url:
         app = make_celery(settings, redis_url=url)
-        argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_host}"]
-        if settings.flower_basic_auth is not None:
-            argv.append(f"--basic-auth={settings.flower_basic_auth.get_secret_value()}")
-        else:
-            # Flower 2.x answers its HTTP API with 401 unless auth is configured or this is set;
-            # check_flower_exposure allowed it on a loopback address only.
-            os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
+        argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_host}",
+                f"--basic-auth={settings.flower_basic_auth.get_secret_value()}"]
         # The task list shows the arguments (the session id) and the result (the outcome).
         os.environ.setdefault("FLOWER_TASKS_COLUMNS", FLOWER_TASKS_COLUMNS)
-        print(f"sessionfold flower: http://{settings.flower_host}:{settings.flower_port}",
-              flush=True)
+        print(f"sessionfold flower: http://{settings.flower_host}:{settings.flower_port} "
+              f"({login.describe()})", flush=True)
         code = app.start(argv)
     return int(code or 0)
 
@@ -253,9 +259,9 @@ def _print_up(stack: Stack, given: Settings) -> None:
         f"the usage streams of {Keys.from_settings(settings).partitions} partitions",
         f"  worker     pid {pids['worker-1']}, {concurrency} processes, queue {FOLD_QUEUE}",
     ]
-    if stack.flower_url is not None:
-        auth = "basic auth" if settings.flower_basic_auth else "no auth: local use only"
-        lines.append(f"  flower     {stack.flower_url}  (pid {pids['flower']}, {auth})")
+    if stack.flower_url is not None and stack.flower_login is not None:
+        lines.append(f"  flower     {stack.flower_url}  (pid {pids['flower']}, "
+                     f"{stack.flower_login.describe()})")
     lines.append(f"  metrics    {stack.metrics_url}" if stack.metrics_url else "  metrics    off")
     if given.metrics_port and settings.metrics_port != given.metrics_port:
         lines.append(f"  (port {given.metrics_port} was taken; metrics moved to "

@@ -12,6 +12,10 @@ non-loopback address exposes nothing without a key.
 
 With ``--workers N`` uvicorn runs N processes on the one socket; each builds its app from the
 environment (:func:`app_from_env`), joins the host's metrics and runs its own long-poll listener.
+
+uvicorn runs the service's own HTTP protocol (:mod:`sessionfold.service.protocol`), which bounds
+a request's head (``SESSIONFOLD_API_MAX_HEADER_BYTES``); the app bounds its body
+(``SESSIONFOLD_API_MAX_BODY_BYTES``) and checks the key before reading it.
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ def _check_keys(settings: Settings, host: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from sessionfold.service.protocol import server_options
     from uvicorn.supervisors import Multiprocess
 
     settings = Settings()
@@ -120,7 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config("sessionfold.cli.commands.serve:app_from_env", factory=True,
                             workers=args.workers, backlog=BACKLOG, access_log=args.access_log,
                             log_level=logging.getLogger().getEffectiveLevel(),
-                            timeout_graceful_shutdown=5, host=host, port=port)
+                            timeout_graceful_shutdown=5, host=host, port=port,
+                            **server_options(settings))
     shown = f"[{host}]" if ":" in host else host
     print(f"sessionfold serve: http://{shown}:{port} ({args.workers} process"
           f"{'es' if args.workers > 1 else ''}, store {redact_url(settings.store_url)}, "

@@ -134,7 +134,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
 def _where(stack: Stack, summarizer: str) -> list[str]:
     redis = "embedded Redis" if stack.embedded_redis else "Redis at REDIS_URL"
     return [
-        f"Flower (fold jobs):   {stack.flower_url}/tasks",
+        f"Flower (fold jobs):   {stack.flower_url}/tasks"
+        + (f"  ({stack.flower_login.describe()})" if stack.flower_login else ""),
         f"metrics (Prometheus): {stack.metrics_url or 'off'}",
         f"pipeline: {redis}, store {_store_name(stack.database_url)}, "
         f"workers {', '.join(stack.worker_names)}, scheduler; logs in {stack.options.log_dir}",

@@ -12,7 +12,7 @@ import sessionfold.core.tokens as tokens_module
 from anthropic.types import Usage
 from hypothesis import given
 from hypothesis import strategies as st
-from sessionfold.core.errors import UsageUnmeasurableError
+from sessionfold.core.errors import InvalidUsageError, UsageUnmeasurableError
 from sessionfold.core.messages import (
     DocumentBlock,
     ImageBlock,
@@ -337,8 +337,6 @@ def test_openai_prompt_tokens_are_read() -> None:
 @pytest.mark.parametrize("usage", [
     Usage(input_tokens=0, output_tokens=5),
     {"input_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
-    {"input_tokens": math.nan},
-    {"input_tokens": "lots"},
     {},
     None,
 ])
@@ -348,9 +346,18 @@ def test_a_zero_report_is_unmeasurable(usage: Any) -> None:
     assert reported_prompt_tokens(usage, measure="estimate") is None
 
 
-def test_bad_fields_do_not_poison_good_ones() -> None:
-    assert reported_prompt_tokens({"input_tokens": 10, "cache_read_input_tokens": math.inf,
-                                   "cache_creation_input_tokens": -3}) == 10
+@pytest.mark.parametrize("usage", [
+    {"input_tokens": math.nan},
+    {"input_tokens": "lots"},
+    {"input_tokens": 10, "cache_read_input_tokens": math.inf},
+    {"input_tokens": 10, "cache_creation_input_tokens": -3},
+])
+def test_a_count_that_is_no_count_refuses_the_report_instead_of_reading_zero(
+        usage: Any) -> None:
+    # A mangled report is the agent's bug to hear about: read as zero, it measured the session
+    # wrong (or hid it as unmeasured) without a word.
+    with pytest.raises(InvalidUsageError, match="must be a whole number of tokens"):
+        reported_prompt_tokens(usage, measure="estimate")
 
 
 def test_the_newer_usage_report_is_the_one_at_the_larger_revision_then_seq() -> None:

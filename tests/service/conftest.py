@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -22,9 +23,11 @@ import httpx2
 import pytest
 import sqlalchemy as sa
 import uvicorn
+from fastapi import FastAPI
 from sessionfold.client import Client, connect
 from sessionfold.service import create_app
 from sessionfold.service.auth import create_key
+from sessionfold.service.protocol import server_options
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import create_store_engine
 from sessionfold.workers.settings import Settings
@@ -124,18 +127,18 @@ def api_settings(make_settings: Callable[..., Settings], store_url: str) -> Sett
                          api_poll_interval_s=0.05, api_max_wait_s=30.0)
 
 
-@pytest.fixture
-def api(api_settings: Settings) -> Iterator[LiveApi]:
-    client = connect(api_settings)
-    app = create_app(api_settings, client=client)
+@contextlib.contextmanager
+def serving(app: FastAPI, settings: Settings) -> Iterator[str]:
+    """``app`` served by uvicorn on a thread, with the protocol and limits `sessionfold serve`
+    runs with, until the block ends; yields its base URL once it has started."""
     sock = _bound_socket()
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=2048)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=2048,
+                            **server_options(settings))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="sessionfold-test-api", daemon=True)
     thread.start()
-    live = LiveApi(f"http://127.0.0.1:{port}", client, api_settings)
     started = threading.Event()
     for _ in range(600):  # the lifespan connects the watcher; wait for the server to answer
         if server.started:
@@ -144,12 +147,24 @@ def api(api_settings: Settings) -> Iterator[LiveApi]:
         threading.Event().wait(0.05)
     if not started.is_set():
         pytest.fail("the API did not start")
-    live.state = app.state.sessionfold
     try:
-        yield live
+        yield f"http://127.0.0.1:{port}"
     finally:
-        live.close()
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@pytest.fixture
+def api(api_settings: Settings) -> Iterator[LiveApi]:
+    client = connect(api_settings)
+    app = create_app(api_settings, client=client)
+    try:
+        with serving(app, api_settings) as url:
+            live = LiveApi(url, client, api_settings, state=app.state.sessionfold)
+            try:
+                yield live
+            finally:
+                live.close()
+    finally:
         client.close()

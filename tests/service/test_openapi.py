@@ -1,6 +1,7 @@
 """The OpenAPI document: the checked-in copy is what the app serves, and the API keeps to it
-under fuzzing (schemathesis, derandomized, capped): no 500, no response outside the schema, and
-nothing written by a request the API rejected."""
+under fuzzing (schemathesis, derandomized, capped) by every stateless check schemathesis has:
+no 500, no response outside the schema, data the document calls valid accepted and data it calls
+invalid refused, and nothing written by a request the API rejected."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import sqlalchemy as sa
 from conftest import LiveApi
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import CheckContext, not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -27,6 +31,50 @@ CHECKED_IN = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 #: Examples per operation and mode (positive, negative): 15 operations stay inside a minute.
 MAX_EXAMPLES = 12
 EXISTING = "fuzzed-1"
+#: The refusals of data the document calls valid that no JSON Schema can state, and only
+#: these, as (reason, words of the message): whether a tool_result answers the message before it
+#: (which may be the ledger's last), a relation between two values (target_ratio below
+#: trigger_ratio, a range that ends before it starts, cached tokens within the prompt, a
+#: prompt's counts together), a leading system message that must be the session's own prompt,
+#: an Idempotency-Key the session saw with other messages, and two query parameters that
+#: exclude each other. Any other refusal of valid data fails.
+BEYOND_SCHEMA = (
+    ("tool-pairing", ""),
+    ("invalid-input", "was used before for other messages"),
+    ("invalid-policy", "target_ratio < trigger_ratio"),
+    ("invalid-input", "ends before it starts"),
+    ("invalid-usage", "which include them"),
+    ("invalid-usage", "written tokens by lifetime, more than"),
+    ("usage-unmeasurable", "more than any context window holds"),
+    ("invalid-input", "fixed at creation"),
+    ("invalid-input", "cache_breakpoints mark cache_control"),
+)
+
+
+def _beyond_schema(response: Any) -> bool:
+    if response.status_code not in (400, 422):
+        return False
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return any(error.get("reason") == reason and words in error.get("message", "")
+               for reason, words in BEYOND_SCHEMA)
+
+
+@schemathesis.check
+def valid_data_accepted(ctx: CheckContext, response: Any, case: Any) -> bool | None:
+    """``positive_data_acceptance``, but for the refusals of :data:`BEYOND_SCHEMA`."""
+    if _beyond_schema(response):
+        return None
+    return positive_data_acceptance(ctx, response, case)
+
+
+#: Every stateless check schemathesis has for a response: the document says what the server
+#: enforces (valid data is accepted, invalid data refused), not only that nothing fails.
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_headers_conformance, response_schema_conformance, negative_data_rejection,
+          valid_data_accepted]
 
 
 def test_the_checked_in_openapi_document_is_what_the_app_serves(api: LiveApi) -> None:
@@ -56,11 +104,11 @@ def check_case(api: LiveApi, key: str, case: Any) -> None:
     if "session_id" in params and str(params["session_id"])[:1] in "abcdefghijklm":
         params["session_id"] = EXISTING  # half the cases reach a session that exists
     before = row_counts(api)
-    response = case.call(base_url=api.url, headers={"Authorization": f"Bearer {key}"},
-                         timeout=30)
-    case.validate_response(response, checks=[not_a_server_error, status_code_conformance,
-                                             content_type_conformance,
-                                             response_schema_conformance])
+    # The key goes on the case itself: a case that left the header out is then judged as the
+    # request it became (with it), not as one missing a required header.
+    case.headers = {**(case.headers or {}), "Authorization": f"Bearer {key}"}
+    response = case.call(base_url=api.url, timeout=30)
+    case.validate_response(response, checks=CHECKS)
     if response.status_code >= 400:
         assert row_counts(api) == before, (
             f"{case.method} {case.formatted_path} answered {response.status_code} and wrote: "
