@@ -45,7 +45,7 @@ class AsyncClient:
 
     async def session(self, session_id: str, policy: FoldPolicy | None = None,
                       system: str | None = None, *,
-                      over_budget: OverBudget = "send") -> AsyncSessionHandle:
+                      over_budget: OverBudget = "cap") -> AsyncSessionHandle:
         handle = await asyncio.to_thread(self.sync.session, session_id, policy, system,
                                          over_budget=over_budget)
         return AsyncSessionHandle(handle)

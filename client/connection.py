@@ -52,7 +52,7 @@ from sessionfold.workers.wiring import (
     usage_publisher,
 )
 
-from .session import OverBudget, SessionHandle
+from .session import OVER_BUDGET_CHOICES, OverBudget, SessionHandle
 
 __all__ = ["Client", "connect"]
 
@@ -119,15 +119,16 @@ class Client:
         return self._inline_folds
 
     def session(self, session_id: str, policy: FoldPolicy | None = None,
-                system: str | None = None, *, over_budget: OverBudget = "send") -> SessionHandle:
+                system: str | None = None, *, over_budget: OverBudget = "cap") -> SessionHandle:
         """A handle on one session; with ``policy`` it is created when absent.
 
         An existing session takes a new ``policy`` if one is given. Its system prompt is fixed at
         creation: a different ``system`` raises InvalidInputError rather than silently sending
         the old one. Without ``policy`` an absent session raises SessionNotFoundError.
         """
-        if over_budget not in ("send", "fold"):
-            raise InvalidInputError(f"over_budget must be 'send' or 'fold', got {over_budget!r}")
+        if over_budget not in OVER_BUDGET_CHOICES:
+            raise InvalidInputError(f"over_budget must be one of {list(OVER_BUDGET_CHOICES)}, "
+                                    f"got {over_budget!r}")
         try:
             info = self.store.get_session(session_id)
         except SessionNotFoundError:

@@ -337,10 +337,13 @@ SNIPPET_CHARS = 2000
 _BATCH = 32
 #: An answer with less room than this says there is no room instead.
 _MIN_ROOM = 256
+#: What the answers to one reply share: this many times the policy's cap for one answer.
+_ROUND_SHARE = 2
 
 
 def answer_cap(policy: FoldPolicy, current_tokens: int, slope: float = 1.0) -> int:
-    """The most tokens one answer may hold: the policy's ``recall_max_tokens``, and no more than
+    """The most tokens one answer may hold: the policy's ``recall_answer_tokens``
+    (``recall_max_tokens``, or its default from the budget), and no more than
     the window has left (``budget − current size − reserve``), so the next request stays
     within the budget. May be small or negative: the answer then says there is no room.
 
@@ -352,7 +355,7 @@ def answer_cap(policy: FoldPolicy, current_tokens: int, slope: float = 1.0) -> i
     room = policy.budget_tokens - current_tokens - reserve
     if room > 0 and slope > 0:
         room = math.floor(room / slope)
-    return min(policy.recall_max_tokens, room)
+    return min(policy.recall_answer_tokens, room)
 
 
 def _ref(parts: Sequence[object]) -> str:
@@ -424,18 +427,24 @@ def least_answer_tokens(info: SessionInfo, counter: TokenCounter | None = None) 
 
 
 def answer(store: RecallStore, session_id: str, request: RecallRequest, *,
-           info: SessionInfo | None = None) -> RecallAnswer:
+           info: SessionInfo | None = None, share: int = 1) -> RecallAnswer:
     """Answer ``request`` from the ledger of ``session_id`` (and only that session's).
 
     ``info`` is the session as just read (its policy and current size size the answer); read
-    here when not given. InvalidInputError for a query the search refuses; SessionNotFoundError
-    and StoreError as the store raises them.
+    here when not given. ``share``: the calls of one reply that share the round's room, twice
+    the policy's cap (each answer gets its part, never less than the smallest answer that holds
+    a match): a model asking for thirty things at once gets thirty short answers, not thirty
+    long ones written to its cache and read on every call after.
+    InvalidInputError for a query the search refuses; SessionNotFoundError and StoreError as
+    the store raises them.
     """
     if info is None:
         info = store.get_session(session_id)
     calibration = info.calibration
     cap = answer_cap(info.policy, info.current_tokens,
                      calibration.a if calibration.samples else 1.0)
+    if share > 1:
+        cap = min(cap, max(_MIN_ROOM, _ROUND_SHARE * info.policy.recall_answer_tokens // share))
     if cap < _MIN_ROOM:
         return _no_room(request.kind, info)
     if request.seq is not None:
@@ -445,13 +454,13 @@ def answer(store: RecallStore, session_id: str, request: RecallRequest, *,
 
 
 def answer_tool_input(store: RecallStore, session_id: str, raw: object, *,
-                      info: SessionInfo | None = None) -> RecallAnswer:
+                      info: SessionInfo | None = None, share: int = 1) -> RecallAnswer:
     """Answer a tool call's ``input`` as the model sent it. A malformed request (bad seq, a
     query the search refuses) is answered as an error result the model can correct, never
     raised: what the model typed is not the agent's bug."""
     try:
         request = RecallRequest.from_input(raw)
-        return answer(store, session_id, request, info=info)
+        return answer(store, session_id, request, info=info, share=share)
     except InvalidInputError as exc:
         text = f"[sessionfold recall] could not answer this request: {exc}"
         return RecallAnswer(_kind_of(raw), "invalid", text, count_text(text))

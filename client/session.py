@@ -19,21 +19,26 @@ What each part promises:
   forced, down to half the budget, through the same claim/commit procedure as the workers
   (:mod:`sessionfold.workers.fold_procedure`), where the inline claim wins over a background fold
   in flight — and retries once. A second overflow raises :class:`ContextOverflowError` chained
-  to the provider's error. Within the budget it never waits on a summarizer; past the budget it
-  sends anyway (``over_budget="send"``, the default: a background fold is on its way) or folds
-  inline first (``over_budget="fold"``).
-- **The pre-send guard** (:mod:`sessionfold.core.guard`): before each request of ``call()``
-  (its recall rounds, its retry after an overflow, and the SDK wrappers' requests, which are
-  made of the same pieces) the handle estimates the request with the session's calibration. Past
-  the budget less the policy's ``guard_margin_ratio``, the cheap layers (clip, drop recall
-  exchanges, mask old tool output, drop thinking; never the summarizer) are applied to the
-  outgoing request alone, oldest first, until it is under: deterministic, so the same window is
-  sent as the same bytes again, and the stored window is left alone (no claim, no commit: it
-  never races a background fold). Paused sessions are guarded too; ``FoldPolicy(guard=False)``
-  opts out. When the protected turns alone are too large the request is sent as it is, counted
-  (:attr:`SessionHandle.guard_over_budget`) and logged once. A guarded request's usage is
-  reported as the stored window's (the provider's count plus what the guard left out), so the
-  scheduler and the calibration still see the session's true size and the background fold comes.
+  to the provider's error.
+- **The budget is a hard cap** (:mod:`sessionfold.core.guard`): before each request of
+  ``call()`` (its recall rounds, its retry after an overflow, and the SDK wrappers' requests,
+  which are made of the same pieces) the handle estimates the request with the session's
+  calibration. Past the budget less the policy's ``guard_margin_ratio``, the best shrink of the
+  outgoing request alone goes out: the cheap layers (clip, drop recall exchanges, mask old tool
+  output, drop thinking), then, if still over, the user messages inside the protected turns
+  clipped (the newest last). Deterministic, so the same window is sent as the same bytes again;
+  the stored window is left alone (no claim, no commit: it never races a background fold). If
+  that is still over, the handle folds inline (trigger ``overflow``, counted in
+  :attr:`SessionHandle.cap_folds`) through the workers' commit path and guards again, leaving
+  the older history out of the request as a last step; a request still over after that is one
+  message (or the system prompt) that cannot fit, and :class:`BudgetExceededError` says which,
+  before anything is sent. That is ``over_budget="cap"``, the default. ``"send"`` sends the best
+  shrink even when it is over (counted in :attr:`SessionHandle.guard_over_budget`, logged once);
+  ``"fold"`` also folds inline before the request whenever the stored window is past the budget.
+  Paused sessions are guarded too; ``FoldPolicy(guard=False)`` opts out (and so sends over).
+  A guarded request's usage is reported as the stored window's (the provider's count plus what
+  the guard left out), so the scheduler and the calibration still see the session's true size
+  and the background fold comes.
 - **Nudges**: an append that takes the session past its trigger
   (:attr:`~sessionfold.store.results.AppendResult.crossed_trigger`) publishes a
   :class:`~sessionfold.workers.usagebus.NudgeEvent`, so the scheduler looks at the session now
@@ -41,7 +46,11 @@ What each part promises:
 - Summarizer calls made on the agent's path (inline folds) are counted, per handle and per
   client: in a healthy pipeline they stay at zero.
 - **Recall** (:mod:`.recall`): when ``fn`` takes a third argument or a ``tools`` keyword, it is
-  given the tools to send: ``[sessionfold_recall]`` (``[]`` for a session with ``recall=False``).
+  given the tools to send: ``[sessionfold_recall]`` once the request holds something recall can
+  give back (an item sessionfold edited: a clip, a mask stub, a summary...), ``[]`` before that
+  and for a session with ``recall=False``: the definition (~300 tokens) rides on no request
+  that could not use it. The tool's estimate is added to the guard's size of each request that
+  carries it and taken off its usage report, so the calibration never includes it.
   A reply that asks only for recall is answered from the ledger by the client itself: the
   exchange (the reply, and a user message with the answers as tool results) is appended with
   ``recall=True`` and the model is called again, at most ``recall_max_rounds`` times, each
@@ -69,8 +78,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from sessionfold.core.errors import ContextOverflowError, InvalidInputError, InvalidMessageError
-from sessionfold.core.guard import GuardResult, guard_window
+from sessionfold.core.errors import (
+    BudgetExceededError,
+    ContextOverflowError,
+    InvalidInputError,
+    InvalidMessageError,
+)
+from sessionfold.core.guard import GuardResult, GuardStage, guard_window
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.overflow import is_context_overflow, overflow_tokens
 from sessionfold.core.policy import FoldPolicy
@@ -119,7 +133,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OverBudget = Literal["send", "fold"]
+#: What ``call()`` does with a request it cannot shrink under the budget (see the module doc):
+#: ``cap`` (the default) folds inline and otherwise refuses to send; ``send`` sends the best
+#: shrink; ``fold`` also folds inline before any request while the window is past the budget.
+OverBudget = Literal["cap", "send", "fold"]
+OVER_BUDGET_CHOICES: tuple[str, ...] = ("cap", "send", "fold")
 #: ``fn(system, messages)``: one model call; returns the provider's response (with ``.usage``).
 ModelCall = Callable[[str, list[dict[str, Any]]], Any]
 #: ``fn(system, messages, tools)`` (or ``tools=`` as a keyword): the tools to send beside the
@@ -207,7 +225,10 @@ class CallPlan:
     cache_breakpoints: bool
     calibration: Calibration = dataclasses.field(default_factory=Calibration)
     system_tokens: int = 0
+    #: The estimate of the tools sessionfold adds (the recall tool), which the calibration
+    #: leaves out (see :attr:`WindowView.tool_tokens`).
     extra_tokens: int = 0
+    over_budget: OverBudget = "cap"
 
     def invoke(self, fn: Callable[..., Any], view: WindowView) -> Any:
         """Call ``fn`` with ``view``, and the tools if it takes them (a fresh list each time)."""
@@ -239,7 +260,10 @@ class SessionHandle:
     """One session seen by an agent or an app server. Use one handle per agent thread."""
 
     def __init__(self, client: Connection, session_id: str, *,
-                 over_budget: OverBudget = "send", hold_tool_results: bool = True) -> None:
+                 over_budget: OverBudget = "cap", hold_tool_results: bool = True) -> None:
+        if over_budget not in OVER_BUDGET_CHOICES:
+            raise InvalidInputError(f"over_budget must be one of {list(OVER_BUDGET_CHOICES)}, "
+                                    f"got {over_budget!r}")
         self.client = client
         self.session_id = session_id
         self.over_budget: OverBudget = over_budget
@@ -258,10 +282,12 @@ class SessionHandle:
         self.recall_calls = 0
         self.recall_rounds = 0
         self._told_recall_off = False
-        #: Requests the pre-send guard sent with the cheap layers applied, and those it could
-        #: not bring under the budget (sent as they were); nudges published after appends.
+        #: Requests the pre-send guard shrank; those it could not bring under the budget (sent
+        #: over only with ``over_budget="send"``); inline folds the hard cap made (also counted
+        #: in ``inline_folds``); nudges published after appends.
         self.guarded_requests = 0
         self.guard_over_budget = 0
+        self.cap_folds = 0
         self.nudges = 0
         self._told_over_budget = False
         #: Tool results answering part of the ledger tail's open calls (see append()).
@@ -459,7 +485,8 @@ class SessionHandle:
         for k, call in enumerate(calls):
             pending = least * (len(calls) - k - 1)
             sized = dataclasses.replace(info, current_tokens=info.current_tokens + pending)
-            result = answer_tool_input(self.store, self.session_id, call.input, info=sized)
+            result = answer_tool_input(self.store, self.session_id, call.input, info=sized,
+                                       share=len(calls))
             answers.append(result)
             block = counter.message(parse_message(
                 {"role": "user", "content": [result.tool_result(call.id)]}))
@@ -522,18 +549,19 @@ class SessionHandle:
     def _report_usage(self, usage: Any, *, seq: int, revision: int, model: str | None,
                       unsent_tokens: int = 0) -> bool:
         """:meth:`report_usage`; ``unsent_tokens``: what the pre-send guard left out of the
-        request (calibrated tokens), added back so the report measures the stored window."""
+        request (calibrated tokens), added back so the report measures the stored window, less
+        the tools sessionfold added (which the calibration leaves out): it may be negative."""
         try:
             event = UsageEvent.from_usage(self.session_id, usage, seq=seq, revision=revision,
                                           model=model)
         except Exception as exc:  # a malformed report must not fail the agent's turn
             log.warning("usage report for %s not sent: %s", self.session_id, exc)
             return False
-        if unsent_tokens > 0 and event.prompt_tokens > 0:
+        if unsent_tokens and event.prompt_tokens > 0:
             # The report names the stored window's (revision, seq): it must measure that window,
             # not the guarded request, or the session would look smaller than it is (no
             # background fold would come) and the calibration would learn a false offset.
-            event = dataclasses.replace(event, input_tokens=event.input_tokens + unsent_tokens)
+            event = _adjusted(event, unsent_tokens)
         if event.prompt_tokens == 0:
             self.unmeasured += 1
             if self.unmeasured == 1:
@@ -574,10 +602,13 @@ class SessionHandle:
     def _plan_call(self, fn: Callable[..., Any], over_budget: OverBudget | None,
                    cache_breakpoints: bool) -> tuple[CallPlan, WindowView]:
         """Read the session once: fold first if asked to and over budget, decide whether
-        recall is on for ``fn``; the plan and the first view."""
+        recall is on for ``fn`` and offered to this call; the plan and the first view."""
+        choice = over_budget or self.over_budget
+        if choice not in OVER_BUDGET_CHOICES:
+            raise InvalidInputError(f"over_budget must be one of {list(OVER_BUDGET_CHOICES)}, "
+                                    f"got {choice!r}")
         info = self.info()
-        if (over_budget or self.over_budget) == "fold" and info.policy.over_budget(
-                info.current_tokens):
+        if choice == "fold" and info.policy.over_budget(info.current_tokens):
             self.fold_inline(trigger="overflow", measured_tokens=info.current_tokens)
         mode = tools_mode(fn)
         if mode == "none" and info.policy.recall and not self._told_recall_off:
@@ -589,44 +620,102 @@ class SessionHandle:
         tools = [anthropic_tool()] if recall else []
         plan = CallPlan(mode=mode, recall=recall, tools=tools, policy=info.policy,
                         cache_breakpoints=cache_breakpoints, calibration=info.calibration,
-                        system_tokens=info.system_tokens,
-                        extra_tokens=_unseen_tool_tokens(tools, info.calibration))
-        return plan, self._view(plan)
+                        system_tokens=info.system_tokens, extra_tokens=_tool_tokens(tools),
+                        over_budget=choice)
+        view = self._view(plan)
+        if recall and not view.edited and info.policy.recall_offer == "edited":
+            # Nothing in the request can be recalled yet: the tool's definition would ride on
+            # every early request for nothing (short sessions pay it most). A request whose
+            # guard ran with the tool counted is under without it too: render it again only.
+            plan = dataclasses.replace(plan, recall=False, tools=[], extra_tokens=0)
+            view = view_of(dataclasses.replace(self._window_of(view), items=view.items),
+                           cache_breakpoints=cache_breakpoints, recall=False)
+        return plan, view
+
+    @staticmethod
+    def _window_of(view: WindowView) -> Window:
+        return Window(session_id=view.session_id, system=view.system, revision=view.revision,
+                      items=list(view.items), chars=[])
 
     def _view(self, plan: CallPlan) -> WindowView:
-        """The view one request sends: the stored window, through the pre-send guard."""
+        """The view one request sends: the stored window, through the pre-send guard and,
+        under ``over_budget="cap"``/``"fold"``, the hard cap (see the module doc)."""
         window = self.store.read_window(self.session_id)
-        guarded = self._guard(window, plan) if plan.policy.guard else None
-        if guarded is not None and guarded.outcome == "guarded":
-            view = view_of(dataclasses.replace(window, items=guarded.items, chars=[]),
-                           cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
-            return dataclasses.replace(view, unsent_tokens=guarded.unsent_tokens)
-        return view_of(window, cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
+        if not plan.policy.guard:
+            return self._render(window, None, plan)
+        guarded = self._guard(window, plan, "clip-protected")
+        if guarded.outcome == "over-budget" and plan.over_budget != "send":
+            # Nothing cheap gets it under: fold on the agent's path, through the workers'
+            # claim and commit (the inline claim wins over a background fold in flight), then
+            # guard the folded window with every stage.
+            self.cap_folds += 1
+            metrics().record_guard("folded-inline")
+            self.fold_inline(trigger="overflow", measured_tokens=guarded.tokens_before)
+            window = self.store.read_window(self.session_id)
+            guarded = self._guard(window, plan, "drop-history")
+            if guarded.outcome == "over-budget":
+                raise self._too_large(guarded, plan)
+        if guarded.outcome == "over-budget":
+            self._sent_over(guarded, plan)
+        return self._render(window, guarded, plan)
 
-    def _guard(self, window: Window, plan: CallPlan) -> GuardResult:
+    def _render(self, window: Window, guarded: GuardResult | None, plan: CallPlan) -> WindowView:
+        if guarded is None or guarded.outcome == "under":
+            view = view_of(window, cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
+            return dataclasses.replace(view, tool_tokens=plan.extra_tokens)
+        view = view_of(dataclasses.replace(window, items=guarded.items, chars=[]),
+                       cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
+        return dataclasses.replace(view, unsent_tokens=guarded.unsent_tokens,
+                                   tool_tokens=plan.extra_tokens)
+
+    def _guard(self, window: Window, plan: CallPlan, last_stage: GuardStage) -> GuardResult:
         """Run the pre-send guard on ``window`` (see the module doc) and count what it did."""
         result = guard_window(window.items, plan.policy, plan.calibration,
                               system_tokens=plan.system_tokens, extra_tokens=plan.extra_tokens,
-                              counter=self.store.counter, originals=self._original)
+                              counter=self.store.counter, originals=self._original,
+                              last_stage=last_stage, recall=plan.recall)
         if result.outcome == "guarded":
             self.guarded_requests += 1
             metrics().record_guard("guarded")
             log.debug("session %s: guarded request at revision %d, %d -> %d tokens (limit %d; "
                       "%s)", self.session_id, window.revision, result.tokens_before,
                       result.tokens_after, result.limit_tokens, ", ".join(result.layers))
-        elif result.outcome == "over-budget":
-            self.guard_over_budget += 1
-            metrics().record_guard("over-budget")
-            if not self._told_over_budget:
-                self._told_over_budget = True
-                log.warning("session %s: a request of about %d tokens goes out over its guard "
-                            "limit of %d (budget %d, margin %.0f%%): the cheap layers reach "
-                            "only %s tokens, the protected turns alone being too large; sent "
-                            "as it is (logged once per handle; counted in guard_over_budget)",
-                            self.session_id, result.tokens_before, result.limit_tokens,
-                            plan.policy.budget_tokens, plan.policy.guard_margin_ratio * 100,
-                            result.best_tokens)
         return result
+
+    def _sent_over(self, result: GuardResult, plan: CallPlan) -> None:
+        """Count (and log once) a request sent over the budget under ``over_budget="send"``."""
+        self.guard_over_budget += 1
+        metrics().record_guard("over-budget")
+        if self._told_over_budget:
+            return
+        self._told_over_budget = True
+        log.warning("session %s: a request of about %d tokens goes out over its guard limit of "
+                    "%d (budget %d, margin %.0f%%): shrunk as far as the guard may (%s), it is "
+                    "still %d tokens, the largest item left #%s at %d tokens; sent so because "
+                    "over_budget='send' (logged once per handle; counted in guard_over_budget)",
+                    self.session_id, result.tokens_before, result.limit_tokens,
+                    plan.policy.budget_tokens, plan.policy.guard_margin_ratio * 100,
+                    ", ".join(result.layers) or "nothing applied", result.tokens_after,
+                    result.largest_seq, result.largest_tokens)
+
+    def _too_large(self, result: GuardResult, plan: CallPlan) -> BudgetExceededError:
+        """The error of a request no shrink gets under the budget (nothing was sent)."""
+        system = plan.calibration.predict(plan.system_tokens) if plan.system_tokens else 0
+        if result.largest_seq is None or system >= result.largest_tokens:
+            what = f"the system prompt alone is about {system} tokens"
+            seq = None
+        else:
+            what = (f"message #{result.largest_seq} alone is about {result.largest_tokens} "
+                    "tokens even clipped (assistant messages, images and binary documents "
+                    "are never cut)")
+            seq = result.largest_seq
+        metrics().record_guard("over-budget")
+        return BudgetExceededError(
+            f"session {self.session_id!r}: the request is about {result.tokens_after} tokens "
+            f"after every shrink the guard may make and an inline fold, over the budget of "
+            f"{plan.policy.budget_tokens} (limit {result.limit_tokens}): {what}. Nothing was "
+            "sent; raise budget_tokens, or pass over_budget='send' to send it anyway",
+            tokens=result.tokens_after, budget_tokens=plan.policy.budget_tokens, seq=seq)
 
     def _original(self, seq: int) -> Message | None:
         """The ledger message at ``seq`` (None once discarded): read only when the guard masks
@@ -635,10 +724,14 @@ class SessionHandle:
         return rows[0].message if rows else None
 
     def _after_overflow(self, exc: BaseException, plan: CallPlan) -> WindowView:
-        """Fold down to half the budget after the provider said "too long"; the new view."""
+        """Fold down to half the budget after the provider said "too long" (half the model's
+        context window when the error names it and it is the smaller: the budget was set past
+        what the model takes); the new view."""
         counted = overflow_tokens(exc)
-        budget = self.info().policy.budget_tokens
-        self.fold_inline(trigger="overflow", target_tokens=budget // 2,
+        limit = self.info().policy.budget_tokens
+        if counted is not None and 0 < counted[1] < limit:
+            limit = counted[1]
+        self.fold_inline(trigger="overflow", target_tokens=limit // 2,
                          measured_tokens=counted[0] if counted else None)
         return self._view(plan)
 
@@ -682,11 +775,10 @@ class SessionHandle:
                 log.warning("session %s: the model call returned no usage to report",
                             self.session_id)
             return
-        if view.unsent_tokens:  # a guarded request: reported as the stored window's size
-            self._report_usage(usage, seq=view.last_seq, revision=view.revision, model=model,
-                               unsent_tokens=view.unsent_tokens)
-        else:
-            self.report_usage(usage, seq=view.last_seq, revision=view.revision, model=model)
+        # A guarded request is reported as the stored window's size; the recall tool's
+        # definition, which the calibration leaves out, is taken off.
+        self._report_usage(usage, seq=view.last_seq, revision=view.revision, model=model,
+                           unsent_tokens=view.unsent_tokens - view.tool_tokens)
 
     def call(self, fn: ModelCall | ModelCallWithTools, *, over_budget: OverBudget | None = None,
              cache_breakpoints: bool = False) -> Any:
@@ -725,12 +817,26 @@ class SessionHandle:
         return response
 
 
-def _unseen_tool_tokens(tools: Sequence[Mapping[str, Any]], calibration: Calibration) -> int:
-    """The estimate of the tool definitions sent that the calibration has not seen: all of them
-    on a session never measured; none once measured (its offset ``b`` holds what each request
-    carries beside the window, the tool definitions among it)."""
-    if calibration.samples:
-        return 0
+def _adjusted(event: UsageEvent, tokens: int) -> UsageEvent:
+    """``event`` measuring ``tokens`` more (or fewer) prompt tokens: added to its uncached
+    input, or taken from it and then from its cache reads and writes, never below 0 (only the
+    prompt's total is read by the scheduler and the calibration)."""
+    if tokens >= 0:
+        return dataclasses.replace(event, input_tokens=event.input_tokens + tokens)
+    left = -tokens
+    parts = []
+    for value in (event.input_tokens, event.cache_read_input_tokens,
+                  event.cache_creation_input_tokens):
+        take = min(value, left)
+        parts.append(value - take)
+        left -= take
+    return dataclasses.replace(event, input_tokens=parts[0], cache_read_input_tokens=parts[1],
+                               cache_creation_input_tokens=parts[2])
+
+
+def _tool_tokens(tools: Sequence[Mapping[str, Any]]) -> int:
+    """The estimate of the tool definitions sessionfold adds to a request (see
+    :attr:`WindowView.tool_tokens`)."""
     return sum(count_text(json.dumps(tool, ensure_ascii=False)) for tool in tools)
 
 

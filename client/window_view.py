@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.core.frame import hinted_frame
-from sessionfold.core.layers import hinted_stubs, recall_dropped_message
+from sessionfold.core.layers import as_sent
 from sessionfold.core.messages import Conversation, Message
 from sessionfold.core.openai_shape import to_openai
 from sessionfold.core.window import WindowItem
@@ -70,6 +69,18 @@ class WindowView:
     #: Calibrated tokens of the stored window that ``messages`` leave out: what the pre-send
     #: guard took off this request (0 for a window sent as stored).
     unsent_tokens: int = 0
+    #: The estimate of the tool definitions sessionfold adds to this request (the recall
+    #: tool), which the session's calibration leaves out: a usage report of the request takes
+    #: them off again, so the calibration learns the window and the agent's own tools alone
+    #: whether or not the recall tool was offered (see ``SessionHandle.call``).
+    tool_tokens: int = 0
+
+    @property
+    def edited(self) -> bool:
+        """Whether the request holds an item sessionfold edited (a clip, a mask stub, thinned
+        thinking, a summary or notice, a dropped recall line): something the recall tool
+        could give back."""
+        return any(item.kind != "message" or item.edits for item in self.items)
 
     @property
     def tokens(self) -> int:
@@ -118,21 +129,8 @@ def _stable_head(items: Sequence[WindowItem]) -> int:
 
 
 def rendered(item: WindowItem, *, recall: bool) -> Message:
-    """The message ``item`` is sent as (see the module doc).
-
-    ``recall``: the request carries the recall tool. Its stubs, seams and frames then say how
-    to use it; without it they do not, and a recall exchange still in the window is sent as the
-    line a dropped one leaves (a request without the tool may not hold calls of it).
-    """
-    if item.kind == "recall":
-        if recall or "dropped" in item.edits:
-            return item.message
-        return recall_dropped_message(item.start_seq, item.end_seq)
-    if not recall:
-        return item.message
-    if item.kind == "message":
-        return hinted_stubs(item)
-    return hinted_frame(item)
+    """The message ``item`` is sent as (:func:`sessionfold.core.layers.as_sent`)."""
+    return as_sent(item, recall=recall)
 
 
 def view_of(window: Window, *, cache_breakpoints: bool, recall: bool = False,

@@ -119,6 +119,8 @@ __all__ = ["CompactResult", "FoldResult", "compact", "fold_window"]
 RETENTION_LIMIT = IDENTIFIER_LIMIT
 #: Characters a summary repair reads either side of a missing identifier's latest mention.
 REPAIR_EXCERPT_CHARS = 160
+#: The prefix of a retention refusal's latch (see :func:`retention_latch`).
+RETENTION_LATCH = "retention"
 
 # Refusals that are about folding itself (not protection): a visit with one of these and no
 # change is "refused", not "nothing-to-fold".
@@ -508,6 +510,11 @@ class _Planner:
             run = next((r for r in runs if r.start_seq not in finished), None)
             if run is None:
                 return
+            if kind == "summary" and self.usage.calls >= self.policy.max_summarizer_calls:
+                self.notes.append(f"summarize stopped: this fold made "
+                                  f"{self.usage.calls} summarizer calls, the most "
+                                  "max_summarizer_calls allows")
+                return
             finished_run = self.fold_one(run, kind)
             if finished_run:
                 finished.add(run.start_seq)
@@ -524,6 +531,24 @@ class _Planner:
             return fp
         old = legacy_fingerprint([item.message for item in span])
         return old if old in self.latched else None
+
+    def retention_latched(self, start: int, end: int) -> Refusal | None:
+        """The refusal to record instead of asking for a summary of ``#start–#end`` again: a
+        summary from ``start`` failed the retention check before (latched as
+        :func:`retention_latch`) and this span is less than twice that one. A longer span holds
+        more identifiers, not fewer: without this, every visit of a growing session paid for a
+        summary that would be refused again."""
+        prefix = f"{RETENTION_LATCH}:{start}:"
+        ends = [int(fp[len(prefix):]) for fp in self.latched
+                if fp.startswith(prefix) and fp[len(prefix):].isdigit()]
+        if not ends:
+            return None
+        refused = max(ends)
+        if end - start + 1 >= 2 * (refused - start + 1):
+            return None
+        return Refusal(reason="retention-check-failed", start_seq=start, end_seq=end,
+                       detail=f"a summary of #{start}–#{refused} failed the retention check "
+                              "before (latched); asked again once the span is twice as long")
 
     def fold_one(self, run: Run, kind: str) -> bool:
         """Fold a prefix of ``run``; True when nothing more of it can be folded."""
@@ -555,6 +580,11 @@ class _Planner:
         while True:
             span = [*(head.items if head is not None else ()),
                     *(item for turn in body[:count] for item in turn.items)]
+            if kind == "summary" and self.retention_veto():
+                refused = self.retention_latched(span[0].start_seq, span[-1].end_seq)
+                if refused is not None:
+                    self.refusals.append(refused)
+                    return True
             fp = fingerprint([item.message for item in span])
             held = self.latched_as(fp, span)
             if held is None:
@@ -662,10 +692,12 @@ class _Planner:
             identifiers = extract_identifiers(
                 [i.message for g in groups for i in g if i.kind == "message"],
                 exclude=previous or "", limit=RETENTION_LIMIT)
+            veto = self.retention_veto()
             try:
                 text = self.chain(summarizer, groups, previous, (), paid)
                 check = check_retention(text, identifiers, self.policy.retention_min)
-                if not check.ok:
+                calls = self.usage.calls + paid.usage.calls
+                if not check.ok and veto and calls < self.policy.max_summarizer_calls:
                     # Once more, naming what went missing; keep whichever answer kept more.
                     text2 = self.repair(summarizer, groups, previous, text, check.missing, paid)
                     check2 = check_retention(text2, identifiers, self.policy.retention_min)
@@ -680,8 +712,21 @@ class _Planner:
             finally:
                 self.usage = self.usage + paid.usage  # paid for, whatever came of it
         retained = self.policy.retain == "ledger"
+        lost: tuple[str, ...] = ()
+        if not check.ok:
+            if veto:
+                return _SpanFold(refusal=Refusal(
+                    reason="retention-check-failed", start_seq=start, end_seq=end,
+                    fingerprint=retention_latch(start, end),
+                    detail=f"the summary kept {len(check.kept)} of {len(identifiers)} "
+                           f"identifiers ({check.ratio:.2f} < {self.policy.retention_min}); "
+                           "missing: " + ", ".join(check.missing[:20]),
+                ))
+            # The originals are one recall away (or this is an overflow): fold anyway, and say
+            # in an authored line after the summary what it left out and where it is.
+            lost = check.missing
         message = summary_message(text, start_seq=start, end_seq=end, message_count=count,
-                                  model=summarizer.model, retained=retained)
+                                  model=summarizer.model, retained=retained, left_out=lost)
         item = WindowItem(start_seq=start, end_seq=end, kind="summary", message=message,
                           tokens=self.sizes.counter.fresh(message))
         before = sum(self.sizes.tokens(i) for i in span)
@@ -691,23 +736,20 @@ class _Planner:
                 detail=f"the summary ({self.sizes.tokens(item)} tokens) is no smaller than the "
                        f"span ({before} tokens)",
             ))
-        lost: tuple[str, ...] = ()
-        if not check.ok:
-            if not self.force:
-                return _SpanFold(refusal=Refusal(
-                    reason="retention-check-failed", start_seq=start, end_seq=end,
-                    fingerprint=fp,
-                    detail=f"the summary kept {len(check.kept)} of {len(identifiers)} "
-                           f"identifiers ({check.ratio:.2f} < {self.policy.retention_min}); "
-                           "missing: " + ", ".join(check.missing[:20]),
-                ))
-            lost = check.missing  # overflow: fold anyway, and say what was lost
         return _SpanFold(item=item, span=FoldedSpan(
             start_seq=start, end_seq=end, message_count=count, fingerprint=fp, kind="summary",
             model=summarizer.model, usage=paid.usage, retained=retained, lost_identifiers=lost,
             chars_before=sum(self.sizes.chars(i) for i in span),
             chars_after=self.sizes.chars(item),
         ))
+
+    def retention_veto(self) -> bool:
+        """Whether a summary that misses identifiers is refused (``retention-check-failed``):
+        only where the originals are not one recall away -- discarded (``retain="discard"``)
+        or recall off -- and the visit is not forced. Elsewhere the summary folds with a line
+        naming what it left out (:func:`~.frame.left_out_line`): asking again for a span the
+        summary cannot hold only pays again (a standing day once spent 141 calls on that)."""
+        return not self.force and (self.policy.retain == "discard" or not self.policy.recall)
 
     def chain(self, summarizer: Summarizer, groups: list[list[WindowItem]],
               previous: str | None, must_keep: Sequence[str], paid: _Paid) -> str:
@@ -750,6 +792,13 @@ class _Planner:
         summary = summarizer.summarize(lines, previous_summary=draft, must_keep=missing)
         paid.usage = paid.usage + summary.usage
         return summary.text
+
+
+def retention_latch(start_seq: int, end_seq: int) -> str:
+    """The latch a retention refusal leaves: by the span's start and end rather than its
+    fingerprint, so a longer span from the same start is refused without a summarizer call
+    until it is twice as long (:meth:`_Planner.retention_latched`)."""
+    return f"{RETENTION_LATCH}:{start_seq}:{end_seq}"
 
 
 def _for_summarizer(item: WindowItem) -> Message:

@@ -1051,6 +1051,12 @@ class FoldChoice:
     chosen: CycleRate
     saving_now: float
     candidates: tuple[CycleRate, ...]
+    #: The calls the session is expected to make from now on (None: not bounded, the long-run
+    #: rate decides); when it is shorter than the chosen cycle, the fold is priced over it.
+    horizon_calls: float | None = None
+    #: ``would-not-pay`` only: the window at which folding is next worth a look (None: at the
+    #: chosen cycle's trigger).
+    revisit_tokens: float | None = None
 
     @property
     def fold(self) -> bool:
@@ -1065,12 +1071,26 @@ class FoldChoice:
         """The refusal reason to record when the choice is not to fold for money."""
         return "would-not-pay" if self.why == "would-not-pay" else None
 
+    @property
+    def short_horizon(self) -> bool:
+        """The session is expected to end before the chosen cycle would complete."""
+        return self.horizon_calls is not None and self.horizon_calls < self.chosen.calls
+
     def explain(self) -> str:
         """One sentence with the numbers, for the record and the logs."""
         c, x = self.chosen, self.window_tokens
         target = f"{c.option.target_tokens:,}{_label(c.option)}"
         cycle = (f"best rate {_usd(c.rate)}/call folding at {c.trigger_tokens:,.0f} every "
                  f"{c.calls:.1f} calls; cache {'cold' if self.cold else 'warm'}")
+        if self.short_horizon:
+            cycle += f"; about {self.horizon_calls:.0f} calls left in the session"
+            if self.why == "would-not-pay":
+                return (f"would-not-pay: folding the {x:,}-token window to {target} costs "
+                        f"{_usd(-self.saving_now)} more than it saves before the session "
+                        f"ends ({cycle})")
+            if self.why == "pays":
+                return (f"pays: folding the {x:,}-token window to {target} saves "
+                        f"{_usd(self.saving_now)} before the session ends ({cycle})")
         if self.why == "at-target":
             return f"at-target: the window ({x:,}) is at or under the target {target} ({cycle})"
         if self.why == "ceiling":
@@ -1084,11 +1104,15 @@ class FoldChoice:
                 f"({cycle})")
 
     def to_json(self) -> dict[str, Any]:
-        return {"why": self.why, "fold": self.fold, "window_tokens": self.window_tokens,
-                "cold": self.cold, "saving_now": self.saving_now,
-                "chosen": self.chosen.to_json(),
-                "candidates": [c.to_json() for c in self.candidates],
-                "explain": self.explain()}
+        data: dict[str, Any] = {
+            "why": self.why, "fold": self.fold, "window_tokens": self.window_tokens,
+            "cold": self.cold, "saving_now": self.saving_now, "chosen": self.chosen.to_json(),
+            "candidates": [c.to_json() for c in self.candidates], "explain": self.explain()}
+        if self.horizon_calls is not None:
+            data["horizon_calls"] = self.horizon_calls
+        if self.revisit_tokens is not None:
+            data["revisit_tokens"] = self.revisit_tokens
+        return data
 
 
 def _usd(dollars: float) -> str:
@@ -1097,8 +1121,9 @@ def _usd(dollars: float) -> str:
 
 def choose_fold(pricing: FoldPricing, options: Sequence[FoldOption | int], *, window_tokens: int,
                 ceiling_tokens: int, growth_tokens: float, cold: bool = False,
-                stable_prefix_tokens: int = 0) -> FoldChoice:
-    """Choose the fold target with the lowest long-run cost rate, and whether to fold now.
+                stable_prefix_tokens: int = 0, horizon_calls: float | None = None,
+                horizon_growth: float = 1.0) -> FoldChoice:
+    """Choose the fold target with the lowest cost, and whether to fold now.
 
     Each option gets its cost-optimal cycle (:func:`best_cycle`); the lowest rate among those
     that fit under the ceiling wins (ties: the first listed; if none fits, the lowest of all).
@@ -1109,6 +1134,18 @@ def choose_fold(pricing: FoldPricing, options: Sequence[FoldOption | int], *, wi
     - else fold now iff ``saving_now = E(max(n*, n + 1)) − E(n) + cold bonus > 0`` (``pays``),
       where the cold bonus ``(w − r)·(X − H)·p`` is the prefix the next call rewrites anyway;
       otherwise ``would-not-pay``.
+
+    **A short life.** ``horizon_calls`` (L) is the calls the session is expected to make from
+    now on; when L is shorter than the chosen cycle, a fold is priced over the calls left, not
+    over a long run of cycles: the options are compared by one fold and L calls after it
+    (``a + b·L + c·L²``), and when waiting L calls would not reach the ceiling, the fold is made
+    only if it saves more than it costs before the session ends,
+    ``saving_now = L·r·(X − W)·p − a − σ_in·f·g·L`` (plus the cold bonus): a session about to end
+    is not folded to save reads it will never make. (When the ceiling comes first, a fold is
+    coming anyway and the long-run timing rule above decides.) ``horizon_growth`` is how L
+    moves per call from here: +1 when L is the session's age (a session that has lived n calls
+    is expected to live about n more), −1 when it counts down to a number the agent gave; it
+    sets where a refused fold is next worth a look (:attr:`FoldChoice.revisit_tokens`).
 
     With a warm cache a window at least one call below the optimal trigger never pays; a cold
     one usually does (fold idle sessions before they wake). For a continuous range of targets
@@ -1122,6 +1159,7 @@ def choose_fold(pricing: FoldPricing, options: Sequence[FoldOption | int], *, wi
     head = _count("stable_prefix_tokens", stable_prefix_tokens)
     ceiling = _count("ceiling_tokens", ceiling_tokens)
     g = _positive("growth_tokens", growth_tokens)
+    horizon = None if horizon_calls is None else _positive("horizon_calls", horizon_calls)
     if head > window:
         raise InvalidInputError(f"stable_prefix_tokens ({head:,}) cannot exceed the window "
                                 f"({window:,})")
@@ -1129,13 +1167,64 @@ def choose_fold(pricing: FoldPricing, options: Sequence[FoldOption | int], *, wi
                                   stable_prefix_tokens=head) for o in options)
     fitting = [c for c in candidates if c.feasible]
     chosen = min(fitting or candidates, key=lambda c: c.rate)
+    short = horizon is not None and horizon < chosen.calls
+    if short:
+        assert horizon is not None
+        life = horizon
+        chosen = min(fitting or candidates, key=lambda c: _served(c, life))
     target = chosen.option.target_tokens
+    bonus = ((pricing.write - pricing.read) * (window - head) * pricing.agent.input_per_token
+             if cold else 0.0)
     if window <= target:
-        return FoldChoice("at-target", window, bool(cold), chosen, 0.0, candidates)
+        return FoldChoice("at-target", window, bool(cold), chosen, 0.0, candidates, horizon)
+    if window + g > ceiling:
+        return FoldChoice("ceiling", window, bool(cold), chosen, 0.0, candidates, horizon)
+    if short and horizon is not None and window + horizon * g <= ceiling:
+        saving = _saving_by_end(pricing, chosen, window, horizon) + bonus
+        revisit = None
+        if saving <= 0:
+            revisit = _revisit(pricing, chosen, window, horizon, horizon_growth, ceiling)
+        return FoldChoice("pays" if saving > 0 else "would-not-pay", window, bool(cold), chosen,
+                          saving, candidates, horizon, revisit)
     now = (window - target) / g
-    saving = chosen.extra_cost(max(chosen.calls, now + 1)) - chosen.extra_cost(now)
-    if cold:
-        saving += (pricing.write - pricing.read) * (window - head) * pricing.agent.input_per_token
-    why: ChoiceReason = ("ceiling" if window + g > ceiling
-                         else "pays" if saving > 0 else "would-not-pay")
-    return FoldChoice(why, window, bool(cold), chosen, saving, candidates)
+    saving = chosen.extra_cost(max(chosen.calls, now + 1)) - chosen.extra_cost(now) + bonus
+    why: ChoiceReason = "pays" if saving > 0 else "would-not-pay"
+    return FoldChoice(why, window, bool(cold), chosen, saving, candidates, horizon)
+
+
+def _served(cycle: CycleRate, calls: float) -> float:
+    """One fold to the cycle's target and ``calls`` calls after it: ``a + b·L + c·L²``."""
+    return cycle.fold_fixed + cycle.per_call * calls + cycle.growth_cost * calls * calls
+
+
+def _saving_by_end(pricing: FoldPricing, cycle: CycleRate, window: float,
+                   calls: float) -> float:
+    """What folding ``window`` to the cycle's target now saves over the ``calls`` left, against
+    never folding: the reads of what it removes, less the fold's fixed price and the
+    summarizer's per-call share (the ``a`` and the summarizer part of ``b`` of the cycle)."""
+    p, r = pricing.agent.input_per_token, pricing.read
+    option = cycle.option
+    reads = calls * r * (window - option.target_tokens) * p
+    summarizer_per_call = 0.0
+    if option.calls_summarizer and pricing.summarizer is not None:
+        summarizer_per_call = (pricing.summarizer.input_per_token * option.summarized_fraction
+                               * cycle.growth_tokens)
+    return reads - cycle.fold_fixed - summarizer_per_call * calls
+
+
+def _revisit(pricing: FoldPricing, cycle: CycleRate, window: float, horizon: float,
+             horizon_growth: float, ceiling: int) -> float:
+    """The smallest window, growing by the cycle's g a call (and the horizon by
+    ``horizon_growth``), at which :func:`_saving_by_end` turns positive or the ceiling is one
+    call away; at most that."""
+    g = cycle.growth_tokens
+    last = max(window + 1.0, ceiling - g)
+    k = 1
+    while window + k * g < last:
+        left = horizon + horizon_growth * k
+        if left <= 0:
+            break
+        if _saving_by_end(pricing, cycle, window + k * g, left) > 0:
+            return window + k * g
+        k += 1
+    return last

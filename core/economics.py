@@ -49,13 +49,22 @@ from .errors import InvalidInputError
 from .policy import FoldPolicy
 from .window import CompactionRecord
 
-__all__ = ["NOTHING_TO_PRICE", "FoldEconomics", "FoldShape", "ceiling_tokens", "decide",
-           "next_trigger_tokens", "nothing_to_price", "opening_trigger_tokens"]
+__all__ = ["MIN_HORIZON_CALLS", "NOTHING_TO_PRICE", "FoldEconomics", "FoldShape",
+           "ceiling_tokens", "decide", "expected_calls_left", "next_trigger_tokens",
+           "nothing_to_price", "opening_trigger_tokens"]
 
 #: The ``why`` of a priced visit's figures when no fold was on offer (nothing could fold yet):
 #: the record's ``economics`` is then ``{"why": NOTHING_TO_PRICE, "fold": False,
 #: "window_tokens": …}``.
 NOTHING_TO_PRICE = "nothing-to-price"
+#: The fewest calls the age prior expects a session to make from now on (a session's first
+#: calls say little about its length).
+MIN_HORIZON_CALLS = 8
+#: The share of its age a session is expected to live on, for pricing a fold. A session that
+#: has lived n calls lives about n more as often as not (the median), but a fold priced on the
+#: median loses money on every session that ends sooner; priced on a share q of it, the fold
+#: pays back before the session ends with probability about 1/(1 + q) under that prior.
+HORIZON_SHARE = 1.0
 
 
 def nothing_to_price(window_tokens: float) -> dict[str, object]:
@@ -76,6 +85,15 @@ class FoldEconomics:
     pricing: FoldPricing
     cold: bool = False
     growth_tokens: float | None = None
+    #: The calls the session is expected to make from now on (None: unbounded, the long-run
+    #: rate decides alone) and how that moves per call (+1 for the age prior, −1 for a count
+    #: the agent gave): see :func:`expected_calls_left`.
+    remaining_calls: float | None = None
+    horizon_growth: float = 1.0
+    #: Calls the session makes while one of its background folds runs, from the claim to the
+    #: commit (the store's running measure): 1 when a fold lands by the next call, and when
+    #: not known yet. The ceiling leaves room for them.
+    lag_calls: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +116,15 @@ class FoldShape:
     fold_label: str = "summarize"
 
 
-def ceiling_tokens(policy: FoldPolicy, growth_tokens: float) -> int:
-    """The largest window a background fold may wait for: ``max(trigger, limit − g)``.
+def ceiling_tokens(policy: FoldPolicy, growth_tokens: float, lag_calls: float = 1.0) -> int:
+    """The largest window a background fold may wait for: ``limit − lag·g``, at least the
+    policy's trigger when folds land by the next call (``lag_calls`` at most 1: the call whose
+    report asked for the fold is appended while it runs) and at least its target otherwise.
+
+    A fold decided at X lands ``lag`` calls later, when the window has grown to about
+    ``X + lag·g``: it must still be under the limit then, or the requests in between go out
+    guarded (B1, folds landing six calls late: the guard's shrinks rewrote the cache on nearly
+    every call until the fold landed).
 
     The limit is the pre-send guard's line (:attr:`~.policy.FoldPolicy.guard_tokens`, the
     budget less its margin) when the policy guards requests, else the budget. A request past
@@ -109,7 +134,9 @@ def ceiling_tokens(policy: FoldPolicy, growth_tokens: float) -> int:
     16k: 12 of 55 cache breaks were guarded requests just before a fold landed).
     """
     limit = policy.guard_tokens if policy.guard else policy.budget_tokens
-    return max(policy.trigger_tokens, limit - math.ceil(growth_tokens))
+    lag = max(1.0, lag_calls) if math.isfinite(lag_calls) else 1.0
+    floor = policy.trigger_tokens if lag <= 1.5 else policy.target_tokens
+    return max(floor, limit - math.ceil(lag * growth_tokens))
 
 
 def _options(policy: FoldPolicy, shape: FoldShape) -> list[FoldOption]:
@@ -143,9 +170,24 @@ def decide(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape) -> Fo
     head = max(0, min(shape.head_tokens, shape.window_tokens,
                       *(o.target_tokens for o in options)))
     return choose_fold(economics.pricing, options, window_tokens=max(0, shape.window_tokens),
-                       ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens),
+                       ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens,
+                                                     economics.lag_calls),
                        growth_tokens=shape.growth_tokens, cold=economics.cold,
-                       stable_prefix_tokens=head)
+                       stable_prefix_tokens=head, horizon_calls=economics.remaining_calls,
+                       horizon_growth=economics.horizon_growth)
+
+
+def expected_calls_left(policy: FoldPolicy, calls: int) -> tuple[float, float]:
+    """``(L, growth)``: the calls a session that has made ``calls`` is expected to make from
+    now on, and how that moves per call.
+
+    The policy's ``expected_calls`` when the agent gave one (counting down: at least one call
+    is left); otherwise the session's own age (a session that has lived n calls is likely to
+    live about n more: the usual prior for lifetimes nothing else is known of) times
+    :data:`HORIZON_SHARE`, at least :data:`MIN_HORIZON_CALLS`, growing by that share a call."""
+    if policy.expected_calls is not None:
+        return max(1.0, float(policy.expected_calls - calls)), -1.0
+    return max(float(MIN_HORIZON_CALLS), HORIZON_SHARE * calls), HORIZON_SHARE
 
 
 def opening_trigger_tokens(policy: FoldPolicy) -> int:
@@ -201,6 +243,11 @@ def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | N
                                                       record.measured_tokens + 1))
     chosen = choice.get("chosen") or {}
     why = choice.get("why")
+    revisit = choice.get("revisit_tokens")
+    if why == "would-not-pay" and isinstance(revisit, int | float) and math.isfinite(revisit):
+        # Priced over the session's remaining life: the next look is where the fold would pay
+        # before the end, or one call short of the ceiling.
+        return min(trigger, max(math.ceil(revisit), record.measured_tokens + 1))
     try:
         cycle_trigger = float(chosen["trigger_tokens"])
         cycle_target = float(chosen["target_tokens"])

@@ -15,6 +15,7 @@ translated where they enter (``raise Mapped(msg) from exc``)::
     │   ├── TransientSummarizerError   429, 529, 5xx, timeouts: retry later (``retry_after``)
     │   └── PermanentSummarizerError   anything else: record a refusal, do not retry
     ├── ContextOverflowError           the provider rejected a request as too long
+    ├── BudgetExceededError            one message alone keeps a request over its budget
     ├── StaleSpanError                 a fold lost its compare-and-set; nothing was written
     ├── SessionNotFoundError           no session with that id
     ├── DiscardedOriginalsError        recover() of a span whose originals were discarded
@@ -114,6 +115,24 @@ class PermanentSummarizerError(SummarizerError):
 
 class ContextOverflowError(SessionfoldError):
     """The provider rejected the request as longer than the model's context window."""
+
+
+class BudgetExceededError(SessionfoldError):
+    """A request cannot be brought under its session's budget: after every shrink the
+    pre-send guard may make (the cheap layers, clipping inside the protected turns, an inline
+    fold, leaving the older history out) what is left is still over it, because one message
+    (or the system prompt) cannot be made small enough. Nothing was sent.
+
+    ``tokens`` is the request's estimate after those shrinks, ``budget_tokens`` the budget,
+    ``seq`` the ledger seq of the largest message left (None: the system prompt).
+    """
+
+    def __init__(self, message: str, *, tokens: int, budget_tokens: int,
+                 seq: int | None = None) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.budget_tokens = budget_tokens
+        self.seq = seq
 
 
 class StaleSpanError(SessionfoldError):

@@ -49,12 +49,15 @@ from .window import WindowItem
 
 __all__ = [
     "FRAME_TAG",
+    "LEFT_OUT_CHARS",
+    "LEFT_OUT_MAX",
     "RECALL_TOOL_NAME",
     "EarlierFold",
     "FrameInfo",
     "fingerprint",
     "frame_info",
     "hinted_frame",
+    "left_out_line",
     "legacy_fingerprint",
     "notice_message",
     "recall_hint",
@@ -67,6 +70,10 @@ __all__ = [
 FRAME_TAG = "[sessionfold]"
 
 _MODEL_MAX = 120
+#: The left-out line names at most this many identifiers, each cut to this many characters:
+#: about 200 tokens at most, whatever the span held.
+LEFT_OUT_MAX = 16
+LEFT_OUT_CHARS = 60
 
 # One regex for every frame this module writes; ``frame_info`` full-matches the first line
 # against it, so a frame is recognised only if it is exactly one sessionfold wrote.
@@ -139,15 +146,38 @@ def summary_frame(*, start_seq: int, end_seq: int, message_count: int, model: st
 
 
 def summary_message(text: str, *, start_seq: int, end_seq: int, message_count: int, model: str,
-                    retained: bool = True) -> Message:
-    """A user message: the authored frame line, then ``text`` (the summarizer's words) as data.
+                    retained: bool = True, left_out: Sequence[str] = ()) -> Message:
+    """A user message: the authored frame line, then ``text`` (the summarizer's words) as data,
+    then, when the summary misses identifiers of its span (``left_out``), an authored line
+    naming them (:func:`left_out_line`).
 
     ``message_count`` is the number of ledger messages the span folded (a summary that replaces
     an earlier summary counts the messages that one stood for too).
     """
     frame = summary_frame(start_seq=start_seq, end_seq=end_seq, message_count=message_count,
                           model=model, retained=retained)
-    return Message(role="user", content=f"{frame}\n{replace_lone_surrogates(text).strip()}")
+    body = f"{frame}\n{replace_lone_surrogates(text).strip()}"
+    if left_out:
+        body += "\n" + left_out_line(left_out, start_seq=start_seq, end_seq=end_seq,
+                                     retained=retained)
+    return Message(role="user", content=body)
+
+
+def left_out_line(identifiers: Sequence[str], *, start_seq: int, end_seq: int,
+                  retained: bool = True) -> str:
+    """The line sessionfold writes after a summary that misses identifiers of its span: at most
+    :data:`LEFT_OUT_MAX` of them (each at most :data:`LEFT_OUT_CHARS` characters), how many more
+    there are, and the ledger range that holds them, so the model knows what to recall (the
+    recall tool searches this line's words too). A summary is never refused for them when the
+    originals stay one recall away."""
+    shown = [" ".join(str(x).split())[:LEFT_OUT_CHARS] for x in identifiers[:LEFT_OUT_MAX]]
+    more = len(identifiers) - len(shown)
+    names = ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+    span = f"#{start_seq}" if start_seq == end_seq else f"#{start_seq}–#{end_seq}"
+    where = (f"recall them from ledger {span}" if retained
+             else f"the originals of ledger {span} were discarded")
+    return f"{FRAME_TAG} this summary leaves out {len(identifiers)} identifiers of the span: " \
+           f"{names}; {where}."
 
 
 def notice_message(*, start_seq: int, end_seq: int, message_count: int,

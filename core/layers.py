@@ -41,11 +41,11 @@ unedited, else the ledger original passed in (``original=``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias, overload
+from typing import Any, TypeAlias, overload
 
-from .frame import recall_hint
+from .frame import hinted_frame, recall_hint
 from .messages import (
     Block,
     DocumentBlock,
@@ -69,7 +69,9 @@ __all__ = [
     "THINKING_PLACEHOLDER",
     "LayerMemo",
     "LayerPass",
+    "as_sent",
     "clip_oversized",
+    "clip_own_words",
     "clip_text",
     "drop_recall_items",
     "drop_thinking",
@@ -407,6 +409,75 @@ def clip_oversized(target: WindowItem | Message, seq: int | None, max_tokens: in
     return _with_edit(target, clipped, "clipped", c)
 
 
+def _strings(value: Any, found: list[str]) -> None:
+    """The strings inside a tool call's input, depth first, in the order :func:`_rebuilt`
+    replaces them."""
+    if isinstance(value, str):
+        found.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, found)
+
+
+def _rebuilt(value: Any, new: Iterator[str]) -> Any:
+    if isinstance(value, str):
+        return next(new)
+    if isinstance(value, dict):
+        return {key: _rebuilt(item, new) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rebuilt(item, new) for item in value]
+    return value
+
+
+def clip_own_words(item: WindowItem, max_tokens: int,
+                   counter: TokenCounter | None = None) -> WindowItem:
+    """An assistant message's text and tool-call inputs clipped so that it fits ``max_tokens``
+    (head and tail of each, the seam naming the ledger seq that holds it whole): the pre-send
+    guard's last resort for one reply larger than the budget (a model that wrote a 200 k-
+    character thought), on the outgoing request only. The stored window never holds it: a
+    clipped call is no longer the call that was made, but a request that cannot be sent at all
+    stops the agent. Thinking, images and opaque blocks are not touched; ``item`` itself when
+    it fits or is not an assistant message."""
+    c = counter or default_counter()
+    message = item.message
+    if item.kind != "message" or message.role != "assistant" or isinstance(message.content,
+                                                                          str):
+        return item
+    texts: list[str] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            _strings(block.input, texts)
+    if not texts:
+        return item
+    fixed = c.fresh(evolve(message, content=[
+        evolve(b, text="") if isinstance(b, TextBlock) else
+        evolve(b, input=_rebuilt(b.input, iter([""] * len(texts)))) if isinstance(
+            b, ToolUseBlock) else b for b in message.content]))
+    room = max(max_tokens - fixed, max_tokens // 4)
+    sizes = [_count_upto(t, max_tokens) for t in texts]
+    if sum(sizes) <= room:
+        return item
+    shares = _shares(sizes, room)
+    clipped = [text if share is None else (
+        _cut(text, item.start_seq, share, len(text), tag=TEXT_CLIP_TAG, whole="message")
+        or text) for text, share in zip(texts, shares, strict=True)]
+    new = iter(clipped)
+    blocks: list[Block] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            blocks.append(evolve(block, text=next(new)))
+        elif isinstance(block, ToolUseBlock):
+            blocks.append(evolve(block, input=_rebuilt(block.input, new)))
+        else:
+            blocks.append(block)
+    return _with_edit(item, evolve(message, content=blocks), "clipped", c)
+
+
 # --- mask-tool-results -------------------------------------------------------------------------
 
 def _mask_block(block: ToolResultBlock, seq: int, size: int | None,
@@ -728,3 +799,22 @@ def hinted_stubs(item: WindowItem) -> Message:
     if all(a is b for a, b in zip(blocks, message.content, strict=True)):
         return message
     return evolve(message, content=blocks)
+
+
+def as_sent(item: WindowItem, *, recall: bool) -> Message:
+    """The message ``item`` goes out as in a request.
+
+    ``recall``: the request carries the recall tool. Its stubs, seams and frames then say how
+    to use it; without it they do not, and a recall exchange still in the window is sent as the
+    line a dropped one leaves (a request without the tool may not hold calls of it). The
+    pre-send guard measures items so (the hints are tokens too) and the client renders them so.
+    """
+    if item.kind == "recall":
+        if recall or "dropped" in item.edits:
+            return item.message
+        return recall_dropped_message(item.start_seq, item.end_seq)
+    if not recall:
+        return item.message
+    if item.kind == "message":
+        return hinted_stubs(item)
+    return hinted_frame(item)

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import InvalidPolicyError
 
-__all__ = ["LAYERS", "MAX_POLICY_INT", "MAX_RECALL_ROUNDS", "MIN_RECALL_TOKENS", "FoldPolicy",
-           "LayerName"]
+__all__ = ["LAYERS", "MAX_POLICY_INT", "MAX_RECALL_ROUNDS", "MAX_SUMMARIZER_CALLS",
+           "MIN_RECALL_TOKENS", "FoldPolicy", "LayerName"]
 
 LayerName = Literal["mask-tool-results", "drop-thinking", "summarize", "drop-oldest"]
 LAYERS: tuple[str, ...] = get_args(LayerName)
@@ -43,8 +43,12 @@ LAYERS: tuple[str, ...] = get_args(LayerName)
 MAX_POLICY_INT = 2**31 - 1
 #: The smallest cap on a recall answer: below it an answer holds little more than its framing.
 MIN_RECALL_TOKENS = 256
+#: The most a recall answer holds when the policy leaves ``recall_max_tokens`` to the budget.
+DEFAULT_RECALL_MAX_TOKENS = 4000
 #: Recall rounds one ``call()`` may answer at most: each is a paid model call.
 MAX_RECALL_ROUNDS = 16
+#: The largest ``max_summarizer_calls`` a policy takes.
+MAX_SUMMARIZER_CALLS = 64
 
 
 class FoldPolicy(BaseModel):
@@ -60,13 +64,29 @@ class FoldPolicy(BaseModel):
     max_item_ratio: float = 0.25
     layers: tuple[LayerName, ...] = ("mask-tool-results", "drop-thinking", "summarize")
     retain: Literal["ledger", "discard"] = "ledger"
+    #: The share of a span's identifiers a summary must keep. Below it, where the originals
+    #: stay one recall away (``retain="ledger"`` and ``recall`` on), the summary folds anyway
+    #: with a line naming what it left out; elsewhere the fold is refused
+    #: (``retention-check-failed``).
     retention_min: float = 0.8
+    #: The most summarizer calls one fold may make (the chunks of a long span, a retry of a
+    #: summary that missed identifiers, further runs); past it the fold stops summarizing and
+    #: its record says so. The session's spend cap (a setting) bounds the sum of its folds.
+    max_summarizer_calls: int = 4
     measure: Literal["reported", "estimate"] = "reported"
     #: The recall tool (``sessionfold_recall``): the client offers it to the model and answers
     #: it from the ledger; False opts the session out (no tool, no hints in the window).
     recall: bool = True
+    #: When the tool is offered: ``"edited"`` (the default) from the first request that holds
+    #: something recall can give back (an item sessionfold clipped, masked or summarized), so
+    #: its definition rides on no request that could not use it; ``"always"`` on every request
+    #: from the first.
+    recall_offer: Literal["edited", "always"] = "edited"
     #: The most one recall answer may hold; the room left in the window caps it further.
-    recall_max_tokens: int = 4000
+    #: None: a sixteenth of the budget, 512 to 4,000 tokens (:attr:`recall_answer_tokens`):
+    #: an answer is written to the cache and read on every call until a fold drops it, and a
+    #: model asks for several at once.
+    recall_max_tokens: int | None = None
     #: Recall rounds the client answers itself within one ``call()`` before it hands the
     #: reply back to the agent as it is.
     recall_max_rounds: int = 3
@@ -85,6 +105,11 @@ class FoldPolicy(BaseModel):
     guard: bool = True
     #: The guard's safety margin, a share of the budget kept free for the estimate's error.
     guard_margin_ratio: float = 0.05
+    #: The model calls this session is expected to make in all, when the agent knows (a task
+    #: of about that many steps). A priced fold is made only if it pays back before the
+    #: session ends (``economics="dollars"``); None: the session's own age is the prior (one
+    #: that has made n calls is expected to make about n more).
+    expected_calls: int | None = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -125,9 +150,11 @@ class FoldPolicy(BaseModel):
         if not 0 <= self.guard_margin_ratio <= 0.5:
             raise ValueError(f"guard_margin_ratio must be in [0, 0.5], got "
                              f"{self.guard_margin_ratio}")
-        if not MIN_RECALL_TOKENS <= self.recall_max_tokens <= MAX_POLICY_INT:
+        if self.recall_max_tokens is not None and not (
+                MIN_RECALL_TOKENS <= self.recall_max_tokens <= MAX_POLICY_INT):
             raise ValueError(f"recall_max_tokens must be in [{MIN_RECALL_TOKENS}, "
-                             f"{MAX_POLICY_INT:,}], got {_show(self.recall_max_tokens)}")
+                             f"{MAX_POLICY_INT:,}] (or None: derived from the budget), got "
+                             f"{_show(self.recall_max_tokens)}")
         if not 1 <= self.recall_max_rounds <= MAX_RECALL_ROUNDS:
             raise ValueError(f"recall_max_rounds must be in [1, {MAX_RECALL_ROUNDS}], got "
                              f"{_show(self.recall_max_rounds)}")
@@ -137,6 +164,12 @@ class FoldPolicy(BaseModel):
             raise ValueError(f"max_item_ratio must be in (0, 0.5], got {self.max_item_ratio}")
         if not 0 <= self.retention_min <= 1:
             raise ValueError(f"retention_min must be in [0, 1], got {self.retention_min}")
+        if self.expected_calls is not None and not 1 <= self.expected_calls <= MAX_POLICY_INT:
+            raise ValueError(f"expected_calls must be in [1, {MAX_POLICY_INT:,}] (or None: "
+                             f"the session's age is the prior), got {_show(self.expected_calls)}")
+        if not 1 <= self.max_summarizer_calls <= MAX_SUMMARIZER_CALLS:
+            raise ValueError(f"max_summarizer_calls must be in [1, {MAX_SUMMARIZER_CALLS}], got "
+                             f"{_show(self.max_summarizer_calls)}")
         if not self.layers:
             raise ValueError("layers must name at least one layer; allowed: "
                              + ", ".join(LAYERS))
@@ -186,6 +219,15 @@ class FoldPolicy(BaseModel):
     @property
     def target_tokens(self) -> int:
         return int(self.budget_tokens * self.target_ratio)
+
+    @property
+    def recall_answer_tokens(self) -> int:
+        """The most one recall answer holds: ``recall_max_tokens``, or when it is None a
+        sixteenth of the budget, at least 512 and at most 4,000 tokens."""
+        if self.recall_max_tokens is not None:
+            return self.recall_max_tokens
+        return min(DEFAULT_RECALL_MAX_TOKENS,
+                   max(2 * MIN_RECALL_TOKENS, self.budget_tokens // 16))
 
     @property
     def max_item_tokens(self) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sessionfold.core.compact import FoldResult
@@ -252,10 +252,44 @@ def _delete_replaced(conn: Connection, sid: str, replaced: Sequence[WindowItem])
     return removed
 
 
+#: The weight of the newest background fold in ``fold_lag_calls``' running mean.
+LAG_WEIGHT = 0.3
+
+
+def lag_calls(record: CompactionRecord, appended: int) -> float | None:
+    """The calls a background fold (a ``threshold`` or ``idle`` visit) took to land, from the
+    messages ``appended`` while it ran: two a call (the model's reply and what answers it).
+    None for an inline fold: it runs on the agent's path and tells nothing of a worker's lag."""
+    if record.forced or record.trigger not in ("threshold", "idle"):
+        return None
+    return max(0, appended) / 2
+
+
+def _fold_lag(row: Any, lag: float | None) -> dict[str, float]:
+    """``fold_lag_calls`` after a fold that took ``lag`` calls to land: a running mean."""
+    if lag is None:
+        return {}
+    before = row.fold_lag_calls
+    if before is None:
+        return {"fold_lag_calls": float(lag)}
+    return {"fold_lag_calls": (1 - LAG_WEIGHT) * float(before) + LAG_WEIGHT * lag}
+
+
+class Committed(NamedTuple):
+    """What :func:`commit_locked` wrote: the window revision, the spans and the record, whether
+    a redelivery found it written already, and the calls the fold took to land (None: an inline
+    fold)."""
+
+    revision: int
+    spans: list[StoredSpan]
+    record_id: int
+    duplicate: bool
+    lag_calls: float | None = None
+
+
 def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: int,
-                  job_id: str, incarnation: int,
-                  now: datetime) -> tuple[int, list[StoredSpan], int, bool]:
-    """Steps 1–6 of the module doc. Returns (revision, spans, record id, duplicate).
+                  job_id: str, incarnation: int, now: datetime) -> Committed:
+    """Steps 1–6 of the module doc.
 
     Raises :class:`Stale` (the caller rolls back and records the lost race).
     """
@@ -268,7 +302,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         written = [_stored_span(r) for r in conn.execute(
             sa.select(folds).where(folds.c.session_id == sid, folds.c.job_id == job_id)
             .order_by(folds.c.start_seq))]
-        return row.revision, written, int(done), True
+        return Committed(row.revision, written, int(done), True)
     if row.fold_epoch != epoch:
         raise Stale(f"the session was claimed again since (epoch {row.fold_epoch} now, this fold "
                     f"claimed {epoch})")
@@ -322,6 +356,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
     # locked row's next seq follows the last one the plan saw) there is nothing to add up.
     pending = tokens_after(conn, sid, seen) if seen < row.next_seq - 1 else 0
     measured = prepared.record.tokens_after
+    lag = lag_calls(prepared.record, row.next_seq - 1 - seen)
     update_session(conn, sid, dict(
         revision=revision, fold_revision=revision,
         measured_tokens=measured, measured_seq=seen, measured_revision=revision,
@@ -333,9 +368,10 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         last_visit_outcome=prepared.record.outcome,
         last_visit_tokens=prepared.record.measured_tokens, last_visit_at=now, updated_at=now,
         **_next_trigger(policy, prepared.record),
+        **_fold_lag(row, lag),
     ))
     notify_window_change(conn, sid, row.incarnation, revision, "fold")
-    return revision, spans, record_id, False
+    return Committed(revision, spans, record_id, False, lag)
 
 
 def record_visit_locked(conn: Connection, sid: str, record: CompactionRecord, *,

@@ -266,6 +266,10 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
         measured_tokens=row.measured_tokens, pending_tokens=pending,
         system_tokens=row.system_tokens, window_tokens=window_tokens,
         calibration=Calibration.model_validate(row.calibration))
+    # One assistant message of the agent's own is one model call (the planner's age prior);
+    # a recall exchange is the client's, not a call the agent made.
+    calls = 0 if prepared.origin == "recall" else sum(
+        1 for m in prepared.messages if m.role == "assistant")
     update_session(conn, sid, {
         "next_seq": last_seq + 1,
         "revision": revision,
@@ -273,6 +277,7 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
         "window_tokens": window_tokens,
         "pending_tokens": pending,
         "current_tokens": current,
+        "calls": row.calls + calls,
         "updated_at": now,
     })
     notify_window_change(conn, sid, row.incarnation, revision, "append")

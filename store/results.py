@@ -89,6 +89,10 @@ class SessionInfo:
     #: Claims in a row taken over from a holder that never finished (worker lost mid-fold);
     #: 0 again after a finished visit, a committed fold, or a resume.
     abandoned_folds: int = 0
+    #: The agent's model calls so far (its assistant messages; recall exchanges not counted).
+    calls: int = 0
+    #: A running mean of the calls made while a background fold ran (None: none landed yet).
+    fold_lag_calls: float | None = None
 
     @property
     def gate(self) -> SessionGate:
@@ -299,6 +303,9 @@ class CommitResult:
     spans: list[StoredSpan]
     record_id: int | None
     duplicate: bool = False
+    #: The calls the session made while this background fold ran (None: an inline fold, or
+    #: nothing committed): the fold procedure's running prior for sessions not yet measured.
+    lag_calls: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ __all__ = [
     "window_items",
 ]
 
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 VERSION_TABLE = "sessionfold_schema_version"
 
 
@@ -130,6 +130,12 @@ sessions = sa.Table(
     # False for a session it creates (appends index their rows as they write them).
     sa.Column("search_pending", sa.Boolean, nullable=False, server_default=sa.text("true"),
               default=False),
+    # The agent's model calls so far (its assistant messages, recall exchanges not counted):
+    # the age the fold planner's horizon starts from.
+    sa.Column("calls", sa.BigInteger, nullable=False, server_default="0"),
+    # A running mean of the calls made while a background fold ran (claim to commit); NULL
+    # until one has landed. The planner folds that much earlier.
+    sa.Column("fold_lag_calls", sa.Float, nullable=True),
 )
 # The scheduler's sweep: "current_tokens > trigger_tokens and not paused", most over first. An
 # index on the difference makes it one index range scan on both backends.

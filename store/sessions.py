@@ -180,6 +180,8 @@ def session_info(row: Row[Any] | Mapping[str, Any]) -> SessionInfo:
         updated_at=m["updated_at"],
         incarnation=m["incarnation"],
         abandoned_folds=m["abandoned_folds"],
+        calls=m["calls"],
+        fold_lag_calls=m["fold_lag_calls"],
     )
 
 
@@ -199,7 +201,7 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
         trigger_tokens=opening_trigger_tokens(policy), last_visit_outcome=None,
         last_visit_tokens=None,
         last_visit_at=None, created_at=now, updated_at=now,
-        incarnation=secrets.randbits(62), abandoned_folds=0,
+        incarnation=secrets.randbits(62), abandoned_folds=0, calls=0, fold_lag_calls=None,
     ))
 
 

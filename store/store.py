@@ -498,7 +498,7 @@ class SessionStore:
                                 record_id=record_id)
         try:
             with self._db.write() as conn:
-                revision, spans, record_id, duplicate = fold_commit.commit_locked(
+                committed = fold_commit.commit_locked(
                     conn, sid, prepared, epoch=epoch, job_id=job_id, incarnation=incarnation,
                     now=self._db.now())
         except fold_commit.Stale as lost:
@@ -507,8 +507,9 @@ class SessionStore:
                     conn, sid, prepared.record.as_stale(lost.reason), job_id=job_id,
                     epoch=epoch, incarnation=incarnation, now=self._db.now(), latch=False)
             raise _stale(sid, job_id, lost.reason, "fold") from None
-        return CommitResult(session_id=sid, revision=revision, spans=spans,
-                            record_id=record_id, duplicate=duplicate)
+        return CommitResult(session_id=sid, revision=committed.revision, spans=committed.spans,
+                            record_id=committed.record_id, duplicate=committed.duplicate,
+                            lag_calls=committed.lag_calls)
 
     def record_visit(self, sid: str, record: CompactionRecord, *, job_id: str | None = None,
                      epoch: int | None = None, incarnation: int | None = None) -> int:

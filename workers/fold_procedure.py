@@ -66,6 +66,7 @@ and the commit.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 from billiard.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.cost import FoldPricing
-from sessionfold.core.economics import FoldEconomics
+from sessionfold.core.economics import FoldEconomics, expected_calls_left
 from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
 from sessionfold.core.summarizers import Summarizer
 from sessionfold.core.window import (
@@ -82,6 +83,7 @@ from sessionfold.core.window import (
     SummarizerUsage,
     Trigger,
 )
+from sessionfold.store.fold_commit import LAG_WEIGHT
 
 from .faults import fault_point
 from .summarizer_guard import SummarizerChoice, SummarizerGuard
@@ -91,6 +93,7 @@ if TYPE_CHECKING:
     from sessionfold.store.results import Claim, SessionInfo
 
 __all__ = [
+    "FOLD_LAG",
     "FoldJob",
     "FoldReport",
     "run_fold",
@@ -272,8 +275,7 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
             measured_tokens=_measured(job, info), calibration=info.calibration,
             trigger=job.trigger, force=job.force, target_tokens=job.target_tokens,
             latched=context.latched,
-            economics=(None if pricing is None
-                       else FoldEconomics(pricing, cold=job.trigger == "idle")),
+            economics=None if pricing is None else _economics(pricing, job, info),
             trigger_tokens=info.trigger_tokens,
             item_chars=window.chars or None,
             # Read only for a clipped output masked (or clipped shorter) now: the stub names the
@@ -304,6 +306,41 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
     return report
 
 
+class _Lag:
+    """The calls background folds took to land in this process lately (a running mean over
+    every session): the prior of a session whose own folds have not landed yet. A slow
+    summarizer (or a long queue) makes every session's first fold late, and a short session may
+    have only that one; 1 (a fold lands by the next call) until a fold has landed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mean: float | None = None
+
+    def prior(self) -> float:
+        with self._lock:
+            return 1.0 if self._mean is None else max(1.0, self._mean)
+
+    def landed(self, lag: float | None) -> None:
+        if lag is None:
+            return
+        with self._lock:
+            self._mean = lag if self._mean is None else (
+                (1 - LAG_WEIGHT) * self._mean + LAG_WEIGHT * lag)
+
+
+FOLD_LAG = _Lag()
+
+
+def _economics(pricing: FoldPricing, job: FoldJob, info: SessionInfo) -> FoldEconomics:
+    """What a priced visit is priced with: the cache's state, the calls the session is expected
+    to make from now on (its policy's ``expected_calls``, else its age), and how late its
+    background folds have landed so far (this process's recent folds when it has none)."""
+    remaining, growth = expected_calls_left(info.policy, info.calls)
+    lag = info.fold_lag_calls if info.fold_lag_calls is not None else FOLD_LAG.prior()
+    return FoldEconomics(pricing, cold=job.trigger == "idle", remaining_calls=remaining,
+                         horizon_growth=growth, lag_calls=lag)
+
+
 def _ended(base: FoldReport, record: CompactionRecord) -> FoldReport:
     """The report of a visit that ended before planning, with its record."""
     return replace(base, outcome=record.outcome, tokens_before=record.measured_tokens,
@@ -332,6 +369,7 @@ def _land(store: SessionStore, claim: Claim, result: FoldResult,
         return _stale(report, str(exc))
     if not result.changed:
         return report
+    FOLD_LAG.landed(commit.lag_calls)
     return replace(report, revision=commit.revision,
                    detail=record.detail or ("re-committed by a redelivery"
                                             if commit.duplicate else ""))

@@ -198,9 +198,11 @@ class Metrics:
 
     # --- the pre-send guard ------------------------------------------------------------------
     def record_guard(self, outcome: str) -> None:
-        """One request the client's pre-send guard acted on (``outcome``: ``guarded``, or
-        ``over-budget`` when the cheap layers could not get it under). Counted in the process
-        serving the agent's client, as recall requests are."""
+        """One request the client's pre-send guard acted on (``outcome``: ``guarded``: shrunk
+        under the budget; ``folded-inline``: nothing cheap got it under, so the client folded
+        inline first; ``over-budget``: not under even then, refused, or sent over with
+        ``over_budget="send"``). Counted in the process serving the agent's client, as recall
+        requests are."""
         if outcome not in GUARD_OUTCOMES:
             raise InvalidInputError(f"guard: unknown outcome {outcome!r}")
         self.guarded_requests.labels(outcome).inc()
@@ -312,7 +314,7 @@ class VisitCounts:
 RECALL_KINDS = frozenset({"seq", "query", "unknown"})
 RECALL_OUTCOMES = frozenset({"served", "clipped", "unavailable", "no-match", "invalid"})
 #: What the pre-send guard counts (its third outcome, ``under``, is the common case: not counted).
-GUARD_OUTCOMES = frozenset({"guarded", "over-budget"})
+GUARD_OUTCOMES = frozenset({"guarded", "folded-inline", "over-budget"})
 _TRIGGERS = frozenset(get_args(Trigger))
 #: "error" is what track_fold counts for a visit that raised.
 _OUTCOMES = frozenset(get_args(Outcome)) | {"error"}

@@ -155,7 +155,7 @@ def test_call_within_budget_sends_the_window_and_reports_usage(
     assert agent.calls == 1 and client.summarizer_calls == 0
 
 
-def test_past_the_budget_call_sends_anyway_or_folds_first_by_option(
+def test_past_the_budget_call_caps_sends_or_folds_first_by_option(
         client: Client, conversation: list[Message]) -> None:
     agent = client.session("a1", policy=POLICY)
     agent.append(conversation)
@@ -163,16 +163,22 @@ def test_past_the_budget_call_sends_anyway_or_folds_first_by_option(
     sizes: list[int] = []
 
     def model(system: str, messages: list[dict[str, Any]]) -> Any:
-        sizes.append(len(messages))
-        return provider(system, messages)
+        reply = provider(system, messages)
+        sizes.append(reply.usage.input_tokens)
+        return reply
 
-    agent.call(model)  # default "send": no summarizer on the agent's path
-    assert agent.summarizer_calls == 0 and sizes == [len(conversation)]
+    # "cap" (the default) and "send" both go out as the guard's best shrink, under the budget
+    # here; "fold" folds the stored window inline first.
+    agent.call(model)
+    agent.call(model, over_budget="send")
+    assert sizes[0] == sizes[1] <= POLICY.budget_tokens
+    assert agent.summarizer_calls == agent.cap_folds == agent.inline_folds
     agent.call(model, over_budget="fold")
-    assert agent.inline_folds == 1 and agent.summarizer_calls >= 1
-    assert sizes[1] < len(conversation)
+    assert agent.inline_folds >= 1 and agent.summarizer_calls >= 1
     assert client.summarizer_calls == agent.summarizer_calls
     assert client.store.records("a1")[-1].trigger == "overflow"
+    with pytest.raises(InvalidInputError, match="over_budget must be one of"):
+        agent.call(model, over_budget="later")  # type: ignore[arg-type]
 
 
 def test_async_client_does_the_same_without_blocking_the_loop(

@@ -116,8 +116,10 @@ def test_with_every_slot_busy_an_inline_fold_folds_with_the_cheap_layers_and_say
 def test_an_overflowing_call_succeeds_while_the_slots_are_busy(
         client: Client, slots: SummarizerSlots, conversation: list[Message]) -> None:
     assert slots.try_acquire() is not None
-    agent = _agent(client, conversation)
-    # The provider takes what masking old tool output leaves; more than half the budget.
+    # A budget past the stand-in's window (the guard leaves the request whole, the provider
+    # refuses it); the provider takes what masking old tool output leaves.
+    agent = client.session(SID, policy=FoldPolicy(budget_tokens=100_000))
+    agent.append(conversation)
     provider = FakeProvider(context_window=20_000)
     reply = agent.call(provider)
     assert reply.content[0].type == "text"

@@ -27,7 +27,10 @@ from sessionfold.workers.celery_app import make_celery, make_enqueue
 from sessionfold.workers.settings import Settings
 
 SID = "agent-overflow"
-POLICY = FoldPolicy(budget_tokens=8000)
+#: A budget past the stand-in's context window: the guard leaves the request whole (it is under
+#: the budget) and the provider rejects it, as a model whose window is smaller than the budget
+#: an operator set would.
+POLICY = FoldPolicy(budget_tokens=100_000)
 
 
 @pytest.fixture
@@ -41,8 +44,8 @@ def client(make_settings: Callable[..., Settings]) -> Iterator[Client]:
         yield c
 
 
-def _agent(client: Client, conversation: list[Message]) -> Any:
-    agent = client.session(SID, policy=POLICY, system="You fix bugs.")
+def _agent(client: Client, conversation: list[Message], policy: FoldPolicy = POLICY) -> Any:
+    agent = client.session(SID, policy=policy, system="You fix bugs.")
     agent.append(conversation)
     return agent
 
@@ -59,7 +62,8 @@ def test_overflow_folds_inline_and_the_retry_succeeds(
     assert client.summarizer_calls == agent.summarizer_calls
     record = client.store.records(SID)[-1]
     assert (record.trigger, record.outcome, record.forced) == ("overflow", "folded", True)
-    assert record.target_tokens == POLICY.budget_tokens // 2
+    # Half the model's window (named by the 400), the smaller of it and the budget.
+    assert record.target_tokens == 12_000 // 2
     # The provider's own count from the 400 is what the fold started from.
     assert record.measured_by == "reported"
     assert record.measured_tokens == provider.stats.recent_prompt_tokens[0]
@@ -119,7 +123,9 @@ def test_inline_fold_wins_over_a_background_fold_in_flight(
                                         anthropic_base_url=server.base_url, metrics_port=0)
         started(request, worker_process(worker_settings, tmp_path / "worker.log"))
         with connect(make_settings(database_url=database)) as client:
-            agent = _agent(client, conversation)
+            # Past its trigger (the background job has a fold to make), with a budget the
+            # guard's cheap layers meet and the stand-in's 12k window still refuses.
+            agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
             app = make_celery(worker_settings)
             job_id = make_enqueue(app)(SID, None, "threshold", None)
             # The background job claimed the session and is waiting on its summarizer.

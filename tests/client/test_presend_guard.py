@@ -15,7 +15,7 @@ from pipeline_harness import postgres_url
 from prometheus_client import REGISTRY
 from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.client import AsyncClient, Client, SessionAnthropic, SessionHandle, connect
-from sessionfold.core.errors import InvalidPolicyError
+from sessionfold.core.errors import BudgetExceededError, InvalidPolicyError
 from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import parse_message
 from sessionfold.core.policy import FoldPolicy
@@ -166,23 +166,138 @@ def test_a_session_that_opted_out_is_sent_as_stored(client: Client,
     assert agent.guarded_requests == agent.guard_over_budget == 0
 
 
-def test_protected_turns_alone_over_the_budget_are_sent_as_they_are_and_counted(
-        client: Client, provider: FakeProvider, caplog: pytest.LogCaptureFixture) -> None:
+def test_protected_turns_over_the_budget_are_clipped_inside_so_the_request_fits(
+        client: Client, provider: FakeProvider) -> None:
     # Five kept turns of ~1.7k tokens each (outputs clipped at a quarter of the budget on
-    # append): nothing outside the keep window is left to mask.
+    # append): nothing outside the keep window is left to mask, so the guard clips inside it,
+    # oldest first, the newest output last.
     policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=5)
     agent = grown(client, policy, steps=5, lines=200)
+    agent.call(ask(provider))
+    sent = provider.requests[-1]
+    assert estimate(sent) <= policy.guard_tokens
+    assert agent.guarded_requests == 1 and agent.guard_over_budget == 0 == agent.cap_folds
+    results = [b["content"] for m in sent["messages"] if isinstance(m["content"], list)
+               for b in m["content"] if b["type"] == "tool_result"]
+    assert "clipped" in str(results[0]) and MASK_TAG not in str(results[0])
+    assert agent.store.records(SID) == []  # nothing stored changed: no fold, no record
+
+
+def long_thoughts(client: Client, policy: FoldPolicy, *, history: int,
+                  words: int = 250) -> SessionHandle:
+    """A session whose history is the model's own long thoughts (nothing to mask or clip)."""
+    agent = client.session(SID, policy=policy, system=SYSTEM)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the rounding bug."}]
+    for n in range(history):
+        step = tool_step(n, lines=3)
+        step[0]["content"].insert(0, {"type": "text", "text": "THOUGHT: " + " ".join(
+            f"idea{n}_{k}" for k in range(words))})
+        messages += step
+    agent.append(messages)
+    return agent
+
+
+def test_the_cap_folds_inline_when_nothing_cheap_gets_the_request_under(
+        client: Client, provider: FakeProvider) -> None:
+    policy = FoldPolicy(budget_tokens=6000, keep_recent_turns=2)
+    agent = long_thoughts(client, policy, history=12)
+    counted = guard_count("folded-inline")
+    agent.call(ask(provider))
+    assert estimate(provider.requests[-1]) <= policy.guard_tokens
+    assert agent.cap_folds == 1 and agent.inline_folds == 1
+    assert guard_count("folded-inline") == counted + 1
+    (record,) = [r for r in agent.store.records(SID) if r.trigger == "overflow"]
+    assert record.outcome == "folded"
+
+
+def huge_thought(n: int) -> list[dict[str, Any]]:
+    """A tool step whose reply holds a 10k-token thought (text: the guard may clip it on a
+    request of its own)."""
+    step = tool_step(n, lines=3)
+    step[0]["content"].insert(0, {"type": "text", "text": "THOUGHT: " + " ".join(
+        f"idea{n}_{k}" for k in range(2500))})
+    return step
+
+
+def huge_thinking(n: int) -> list[dict[str, Any]]:
+    """A tool step whose reply opens with 10k tokens of thinking: never cut (its signature
+    would fail), so a request holding it cannot be brought under a smaller budget."""
+    step = tool_step(n, lines=3)
+    step[0]["content"].insert(0, {"type": "thinking", "signature": "sig", "thinking": " ".join(
+        f"idea{n}_{k}" for k in range(2500))})
+    return step
+
+
+def test_a_reply_over_the_budget_is_sent_clipped_and_the_ledger_keeps_it_whole(
+        client: Client, provider: FakeProvider) -> None:
+    policy = FoldPolicy(budget_tokens=6000, keep_recent_turns=2)
+    agent = long_thoughts(client, policy, history=2)
+    agent.append(huge_thought(7))  # ledger #5 and #6
+    agent.call(ask(provider))
+    sent = provider.requests[-1]
+    assert estimate(sent) <= policy.guard_tokens
+    reply = sent["messages"][5]
+    assert "ledger #5 holds the whole message" in json.dumps(reply)
+    assert agent.ledger()[5].message is not None
+    assert len(json.dumps(agent.ledger()[5].message.to_json())) > 20_000
+
+
+def test_a_message_that_cannot_fit_raises_before_anything_is_sent(
+        client: Client, provider: FakeProvider) -> None:
+    policy = FoldPolicy(budget_tokens=6000, keep_recent_turns=2)
+    agent = long_thoughts(client, policy, history=2)
+    agent.append(huge_thinking(7))  # ledger #5 and #6
+    with pytest.raises(BudgetExceededError, match=r"message #5 alone") as raised:
+        agent.call(ask(provider))
+    assert len(provider.requests) == 0  # nothing was sent
+    assert raised.value.seq == 5 and raised.value.budget_tokens == 6000
+
+
+def test_over_budget_send_sends_the_best_shrink_and_counts_it(
+        client: Client, provider: FakeProvider, caplog: pytest.LogCaptureFixture) -> None:
+    policy = FoldPolicy(budget_tokens=6000, keep_recent_turns=2)
+    agent = long_thoughts(client, policy, history=2)
+    agent.append(huge_thinking(7) + tool_step(9, lines=300))
+    agent.over_budget = "send"
+    stored_messages = agent.window(recall=True).messages
     counted = guard_count("over-budget")
     with caplog.at_level(logging.WARNING, logger="sessionfold.client.session"):
         agent.call(ask(provider))
         agent.call(ask(provider))
-    assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
-    assert estimate(provider.requests[-1]) > policy.guard_tokens
-    assert agent.guard_over_budget == 2 and agent.guarded_requests == 0
+    sent = provider.requests[-1]
+    assert estimate(sent) > policy.guard_tokens  # over: it was asked for
+    assert sent["messages"] != stored_messages  # but shrunk as far as the guard may
+    assert agent.guard_over_budget == 2 and agent.cap_folds == 0
     assert guard_count("over-budget") == counted + 2
     warned = [r for r in caplog.records if "over its guard limit" in r.getMessage()]
-    assert len(warned) == 1  # logged once per handle, with the figures
-    assert f"limit of {policy.guard_tokens}" in warned[0].getMessage()
+    assert len(warned) == 1  # logged once per handle, with the figures and the choice
+    assert "over_budget='send'" in warned[0].getMessage()
+
+
+def test_the_recall_tool_rides_only_on_requests_that_hold_something_to_recall(
+        client: Client, provider: FakeProvider) -> None:
+    agent = grown(client, steps=2)
+    agent.call(ask(provider))
+    assert provider.requests[-1]["tools"] == []  # nothing edited yet: no definition to pay for
+    agent.append(tool_step(8) + tool_step(9) + tool_step(10) + tool_step(11) + tool_step(12))
+    agent.call(ask(provider))  # past the line: the guard masks, and the tool comes with it
+    assert [t["name"] for t in provider.requests[-1]["tools"]] == ["sessionfold_recall"]
+
+
+def test_the_recall_tools_definition_is_taken_off_the_usage_report(
+        client: Client, provider: FakeProvider, redis_conn: Any) -> None:
+    agent = client.session(SID, policy=POLICY, system=SYSTEM)
+    # One output over a quarter of the budget is clipped on append: the window holds an edited
+    # item, under the budget, so the tool is offered and the request is not guarded.
+    agent.append([{"role": "user", "content": "Fix the rounding bug."},
+                  *tool_step(0, lines=400)])
+    agent.call(ask(provider))
+    assert provider.requests[-1]["tools"] and agent.guarded_requests == 0
+    keys = Keys.from_settings(client.settings)
+    (event,) = [UsageEvent.from_fields(fields) for _, fields in
+                redis_conn.xrange(keys.usage_stream_of(SID)) if b"usage.v1" in fields]
+    tool = count_text(json.dumps(provider.requests[-1]["tools"][0], ensure_ascii=False))
+    assert event.prompt_tokens == provider.stats.recent_prompt_tokens[-1] - tool
 
 
 def test_a_request_under_the_line_is_sent_as_stored(client: Client,

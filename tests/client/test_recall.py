@@ -20,7 +20,9 @@ from sessionfold.workers.settings import Settings
 
 ACCOUNT = "ACCT-90417"
 PLANTED = f"billing_account = {ACCOUNT}  # the account this agent reconciles"
-POLICY = FoldPolicy(budget_tokens=8000, keep_recent_turns=2)
+#: Answers of up to 4,000 tokens (the default would be a sixteenth of this small budget): the
+#: planted line and its neighbours come back in one answer.
+POLICY = FoldPolicy(budget_tokens=8000, keep_recent_turns=2, recall_max_tokens=4000)
 
 
 # --- fixtures: the client on both backends, the stand-in model ----------------------------------
@@ -124,13 +126,15 @@ def test_an_account_masked_out_of_the_window_comes_back_through_recall_by_query(
     provider.reply = reads_back_the_account
     provider.script_reply(ToolUse("sessionfold_recall", {"query": ACCOUNT}))
     reports: list[tuple[int, int]] = []
-    report_usage = agent.report_usage
+    report_usage = agent._report_usage  # what every call's report goes through
 
-    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None) -> bool:
+    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None,
+            unsent_tokens: int = 0) -> bool:
         reports.append((seq, revision))
-        return report_usage(usage, seq=seq, revision=revision, model=model)
+        return report_usage(usage, seq=seq, revision=revision, model=model,
+                            unsent_tokens=unsent_tokens)
 
-    agent.report_usage = spy  # type: ignore[method-assign]
+    agent._report_usage = spy  # type: ignore[method-assign]
     before = recall_count("query", "served")
 
     reply = agent.call(ask(provider))

@@ -157,6 +157,26 @@ def test_an_answer_never_holds_more_than_its_cap_and_says_where_to_go_on(
     assert whole.outcome == "served" and "cut here" not in whole.text
 
 
+def test_the_answers_to_one_reply_share_twice_one_answers_cap(store: SessionStore) -> None:
+    # The store's session caps one answer at 1,000 tokens: ten answers to one reply share
+    # 2,000, each at least the smallest answer that holds a match.
+    alone = answer(store, "s", RecallRequest(seq=(0, 58)))
+    shared = answer(store, "s", RecallRequest(seq=(0, 58)), share=10)
+    assert alone.tokens > 900 and shared.tokens <= 256
+    pair = answer(store, "s", RecallRequest(seq=(0, 58)), share=2)
+    assert 900 < pair.tokens <= 1000  # two share 2,000: each keeps its whole cap
+    found = answer(store, "s", RecallRequest(query="file 17 line 42"), share=30)
+    assert "file 17 line 42" in found.text and found.tokens <= 256
+
+
+def test_the_default_cap_is_a_sixteenth_of_the_budget(sqlite_store: SessionStore) -> None:
+    sqlite_store.create_session("d", FoldPolicy(budget_tokens=16_000))
+    sqlite_store.append("d", [{"role": "user", "content": " ".join(
+        f"word{n}" for n in range(5000))}])
+    result = answer(sqlite_store, "d", RecallRequest(seq=(0, 0)))
+    assert result.outcome == "clipped" and 900 < result.tokens <= 1000
+
+
 def test_a_full_window_gets_no_room_instead_of_an_answer(store: SessionStore) -> None:
     info = store.get_session("s")
     full = dataclasses.replace(info, current_tokens=31_500)

@@ -57,9 +57,14 @@ def sdk(server: FakeProviderServer) -> anthropic.Anthropic:
                                timeout=30)
 
 
+#: The recall tool on every request from the first (the default offers it once the window
+#: holds something edited): these sessions are short, and their models call it.
+POLICY = FoldPolicy(budget_tokens=32_000, recall_offer="always")
+
+
 def agent_of(client: Client, policy: FoldPolicy | None = None,
              sid: str = "agent-sdk") -> SessionHandle:
-    return client.session(sid, policy=policy or FoldPolicy(budget_tokens=32_000), system=SYSTEM)
+    return client.session(sid, policy=policy or POLICY, system=SYSTEM)
 
 
 def ledger_json(agent: SessionHandle, *, origin: str = "agent") -> list[dict[str, Any]]:
@@ -79,14 +84,16 @@ def run_tool(reply: Any) -> list[dict[str, Any]]:
 def spy_usage(agent: SessionHandle) -> list[tuple[int, int, int]]:
     """Every usage report: (prompt tokens as the provider counted them, seq, revision)."""
     reports: list[tuple[int, int, int]] = []
-    report = agent.report_usage
+    report = agent._report_usage  # every call's report goes through it
 
-    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None) -> bool:
+    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None,
+            unsent_tokens: int = 0) -> bool:
         reports.append((usage.input_tokens + (usage.cache_read_input_tokens or 0)
                         + (usage.cache_creation_input_tokens or 0), seq, revision))
-        return report(usage, seq=seq, revision=revision, model=model)
+        return report(usage, seq=seq, revision=revision, model=model,
+                      unsent_tokens=unsent_tokens)
 
-    agent.report_usage = spy  # type: ignore[method-assign]
+    agent._report_usage = spy  # type: ignore[method-assign]
     return reports
 
 
@@ -250,7 +257,8 @@ def test_a_system_prompt_other_than_the_sessions_is_refused(
 def test_overflow_folds_inline_and_retries_once(client: Client,
                                                sdk: anthropic.Anthropic) -> None:
     provider = FakeProvider(context_window=12_000, keep_requests=5)
-    agent = agent_of(client, FoldPolicy(budget_tokens=8000))
+    # A budget past the stand-in's 12k window: the request is under it, and refused.
+    agent = agent_of(client, FoldPolicy(budget_tokens=100_000))
     history = [m.to_json() for m in transcript_session("django__django-15554", 59).messages]
     with provider.serve() as server:
         llm = SessionAnthropic(anthropic.Anthropic(api_key="sk", base_url=server.base_url,
@@ -279,7 +287,7 @@ def test_overflow_folds_inline_and_retries_once(client: Client,
 def test_a_streamed_request_too_long_folds_inline_and_retries(
         client: Client, sdk: anthropic.Anthropic) -> None:
     provider = FakeProvider(context_window=12_000)
-    agent = agent_of(client, FoldPolicy(budget_tokens=8000, recall=False))
+    agent = agent_of(client, FoldPolicy(budget_tokens=100_000, recall=False))
     history = [m.to_json() for m in transcript_session("django__django-15554", 59).messages]
     with provider.serve() as server:
         llm = SessionAnthropic(anthropic.Anthropic(api_key="sk", base_url=server.base_url,
@@ -431,8 +439,7 @@ def test_the_async_wrapper_creates_streams_and_answers_recall(
 
     async def scenario() -> tuple[str, str, list[str], int]:
         async with await AsyncClient.connect(make_settings()) as aclient:
-            agent = await aclient.session("agent-async", policy=FoldPolicy(budget_tokens=32_000),
-                                          system=SYSTEM)
+            agent = await aclient.session("agent-async", policy=POLICY, system=SYSTEM)
             llm = AsyncSessionAnthropic(anthropic.AsyncAnthropic(
                 api_key="sk", base_url=server.base_url, max_retries=0), agent)
             history: list[Any] = [{"role": "user", "content": "the task"}]
@@ -524,8 +531,7 @@ def test_the_async_wrapper_raises_a_reply_it_cannot_record_with_the_reply(
         server: FakeProviderServer) -> None:
     async def scenario() -> ReplyNotRecordedError:
         async with await AsyncClient.connect(make_settings()) as aclient:
-            agent = await aclient.session("agent-async", policy=FoldPolicy(budget_tokens=32_000),
-                                          system=SYSTEM)
+            agent = await aclient.session("agent-async", policy=POLICY, system=SYSTEM)
             provider.reply = deleting_the_session(aclient.sync, "agent-async")
             llm = AsyncSessionAnthropic(anthropic.AsyncAnthropic(
                 api_key="sk", base_url=server.base_url, max_retries=0), agent)

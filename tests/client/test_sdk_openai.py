@@ -62,9 +62,13 @@ def sdk(server: FakeProviderServer) -> openai.OpenAI:
     return sdk_for(server)
 
 
+#: The recall tool on every request from the first (the default offers it once the window
+#: holds something edited): these sessions are short, and their models call it.
+POLICY = FoldPolicy(budget_tokens=32_000, recall_offer="always")
+
+
 def agent_of(client: Client, policy: FoldPolicy | None = None) -> SessionHandle:
-    return client.session("agent-openai", policy=policy or FoldPolicy(budget_tokens=32_000),
-                          system=SYSTEM)
+    return client.session("agent-openai", policy=policy or POLICY, system=SYSTEM)
 
 
 def ledger_json(agent: SessionHandle, *, origin: str = "agent") -> list[dict[str, Any]]:
@@ -90,13 +94,15 @@ def test_a_plain_chat_loop_with_tool_calls_appends_only_what_is_new(
     agent = agent_of(client)
     llm = SessionOpenAI(sdk, agent)
     reports: list[Any] = []
-    report = agent.report_usage
+    report = agent._report_usage  # every call's report goes through it
 
-    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None) -> bool:
+    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None,
+            unsent_tokens: int = 0) -> bool:
         reports.append(usage)
-        return report(usage, seq=seq, revision=revision, model=model)
+        return report(usage, seq=seq, revision=revision, model=model,
+                      unsent_tokens=unsent_tokens)
 
-    agent.report_usage = spy  # type: ignore[method-assign]
+    agent._report_usage = spy  # type: ignore[method-assign]
     provider.script_reply(["Two at once.", ToolUse("bash", {"cmd": "ls"}),
                            ToolUse("bash", {"cmd": "df -h"})], "Done.")
     history: list[Any] = [{"role": "system", "content": SYSTEM},
@@ -185,7 +191,8 @@ def test_a_chat_stream_carries_tool_calls_and_is_recorded_at_its_end(
 
 def test_overflow_folds_inline_and_retries_once(client: Client) -> None:
     provider = FakeProvider(context_window=12_000)
-    agent = agent_of(client, FoldPolicy(budget_tokens=8000, recall=False))
+    # A budget past the stand-in's window: the request is under it, and refused.
+    agent = agent_of(client, FoldPolicy(budget_tokens=100_000, recall=False))
     conversation = transcript_session("django__django-15554", 59)
     history = to_openai(Conversation(messages=conversation.messages))
     with provider.serve() as server:
@@ -244,13 +251,15 @@ def test_recall_is_answered_for_create_and_for_a_stream(
 def spy_usage(agent: SessionHandle) -> list[int]:
     """Every usage report's prompt tokens, as the provider counted them."""
     reports: list[int] = []
-    report = agent.report_usage
+    report = agent._report_usage  # every call's report goes through it
 
-    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None) -> bool:
+    def spy(usage: Any, *, seq: int, revision: int, model: str | None = None,
+            unsent_tokens: int = 0) -> bool:
         reports.append(usage.prompt_tokens)
-        return report(usage, seq=seq, revision=revision, model=model)
+        return report(usage, seq=seq, revision=revision, model=model,
+                      unsent_tokens=unsent_tokens)
 
-    agent.report_usage = spy  # type: ignore[method-assign]
+    agent._report_usage = spy  # type: ignore[method-assign]
     return reports
 
 

@@ -35,7 +35,7 @@ from sessionfold.core.messages import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary, render_transcript
-from sessionfold.core.tokens import Calibration, TokenCounter
+from sessionfold.core.tokens import Calibration, TokenCounter, count_text
 from sessionfold.core.turns import group_turns, protect
 from sessionfold.core.window import SummarizerUsage, WindowItem, items_from_messages
 
@@ -102,6 +102,9 @@ def keeps_everything(call: Call, number: int) -> str:
 
 
 POLICY = FoldPolicy(budget_tokens=10_000, layers=("summarize",), keep_recent_turns=2)
+#: The same with recall off: the originals are not one recall away, so a summary that misses
+#: identifiers is refused (the retention veto) instead of folding with a left-out line.
+VETO = POLICY.model_copy(update={"recall": False})
 
 
 def items(messages: Sequence[Message]) -> list[WindowItem]:
@@ -330,7 +333,7 @@ def test_a_lossy_summary_is_asked_for_once_more_with_the_missing_identifiers() -
         return "nothing specific" if number == 1 else "kept: " + " ".join(call.must_keep)
 
     summarizer = Scripted(reply=forgetful_then_careful)
-    result = fold_window(items(conversation(14)), POLICY, summarizer)
+    result = fold_window(items(conversation(14)), VETO, summarizer)
     assert len(summarizer.calls) == 2
     first, repair = summarizer.calls
     assert first.must_keep == ()
@@ -356,8 +359,7 @@ def test_a_repair_that_keeps_less_than_the_draft_leaves_the_draft() -> None:
         return "nothing specific"
 
     summarizer = Scripted(reply=careful_then_worse)
-    policy = FoldPolicy(budget_tokens=10_000, layers=("summarize",), keep_recent_turns=2,
-                        retention_min=0.9)
+    policy = VETO.model_copy(update={"retention_min": 0.9})
     result = fold_window(items(conversation(14)), policy, summarizer)
     assert len(summarizer.calls) == 2
     refused = [r for r in result.record.refusals if r.reason == "retention-check-failed"]
@@ -365,15 +367,83 @@ def test_a_repair_that_keeps_less_than_the_draft_leaves_the_draft() -> None:
     assert len(refused) == 1 and "identifiers (0.7" in refused[0].detail
 
 
-def test_a_summary_that_keeps_losing_identifiers_is_refused_and_latched() -> None:
+@pytest.mark.parametrize("veto", [
+    VETO, POLICY.model_copy(update={"retain": "discard"})], ids=["recall-off", "discard"])
+def test_a_summary_that_keeps_losing_identifiers_is_refused_and_latched_where_recall_cannot_help(
+        veto: FoldPolicy) -> None:
     summarizer = Scripted(reply=lambda c, n: "nothing specific")
     window = items(conversation(14))
-    result = fold_window(window, POLICY, summarizer)
+    result = fold_window(window, veto, summarizer)
     refused = [r for r in result.record.refusals if r.reason == "retention-check-failed"]
     assert len(refused) == 1 and refused[0].fingerprint
     assert "TICKET-101" in refused[0].detail
     assert result.record.outcome == "refused" and result.edit.empty
     assert len(summarizer.calls) == 2
+
+
+def test_a_refused_span_is_not_paid_for_again_until_it_is_twice_as_long() -> None:
+    summarizer = Scripted(reply=lambda c, n: "nothing specific")
+    messages = conversation(14)
+    first = fold_window(items(messages), VETO, summarizer)
+    latches = {r.fingerprint: r.reason for r in first.record.refusals if r.fingerprint}
+    refused = next(r for r in first.record.refusals if r.reason == "retention-check-failed")
+    span = refused.end_seq - refused.start_seq + 1
+    assert len(summarizer.calls) == 2
+    # A few more steps: the span from the same start is longer, but not twice as long.
+    grown = [*messages, *(m for n in range(15, 18) for m in step(n))]
+    second = fold_window(items(grown), VETO, summarizer, latched=latches)
+    assert len(summarizer.calls) == 2  # not asked again
+    again = [r for r in second.record.refusals if r.reason == "retention-check-failed"]
+    assert again and "latched" in again[0].detail and second.edit.empty
+    # Twice as long: a new question, asked once more.
+    longer = [*messages, *(m for n in range(15, 15 + span) for m in step(n))]
+    fold_window(items(longer), VETO, summarizer, latched=latches)
+    assert len(summarizer.calls) > 2
+
+
+def test_a_summary_missing_identifiers_folds_with_a_line_naming_them_when_recall_can_help(
+        ) -> None:
+    summarizer = Scripted(reply=lambda c, n: "nothing specific")
+    result = fold_window(items(conversation(14)), POLICY, summarizer)
+    assert result.record.outcome == "folded"
+    assert len(summarizer.calls) == 1  # no second call to repair it
+    span = result.spans[0]
+    assert "TICKET-101" in span.lost_identifiers
+    summary = next(i for i in result.window if i.kind == "summary")
+    lines = summary.message.text().splitlines()
+    # The summarizer's words, then the library's own line: what is missing and where it is.
+    assert lines[1] == "nothing specific"
+    assert lines[-1].startswith(FRAME_TAG) and "leaves out" in lines[-1]
+    assert "TICKET-101" in lines[-1]
+    assert f"ledger #{span.start_seq}–#{span.end_seq}" in lines[-1]
+    assert not any(r.reason == "retention-check-failed" for r in result.record.refusals)
+
+
+def test_the_left_out_line_is_capped_whatever_the_span_held() -> None:
+    from sessionfold.core.frame import LEFT_OUT_MAX, left_out_line
+
+    names = [f"src/package_{n}/module_with_a_long_name_{n}.py" for n in range(500)]
+    line = left_out_line(names, start_seq=3, end_seq=900)
+    assert f"and {500 - LEFT_OUT_MAX} more" in line
+    assert count_text(line) < 400
+    assert names[LEFT_OUT_MAX - 1] in line and names[LEFT_OUT_MAX] not in line
+
+
+def test_a_fold_makes_at_most_max_summarizer_calls() -> None:
+    # Pinned turns split the history into four runs, each a summarizer call of its own: the
+    # policy's bound stops the fold after two, and the record says why it stopped.
+    summarizer = Scripted()
+    policy = POLICY.model_copy(update={"max_summarizer_calls": 2})
+    messages = conversation(30)
+    result = fold_window(items(messages), policy, summarizer, force=True, target_tokens=500,
+                         pinned=(13, 25, 37))
+    assert len(summarizer.calls) == 2
+    assert len(result.spans) == 2
+    assert "max_summarizer_calls" in result.record.detail
+    unbounded = Scripted()
+    fold_window(items(messages), POLICY, unbounded, force=True, target_tokens=500,
+                pinned=(13, 25, 37))
+    assert len(unbounded.calls) == 4
 
 
 def test_a_forced_fold_records_lost_identifiers_instead_of_refusing() -> None:

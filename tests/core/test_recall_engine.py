@@ -300,7 +300,12 @@ def test_a_stub_a_tool_printed_for_another_seq_is_not_hinted() -> None:
 
 def test_recall_is_on_by_default_with_bounded_answers_and_rounds() -> None:
     policy = FoldPolicy(budget_tokens=32_000)
-    assert (policy.recall, policy.recall_max_tokens, policy.recall_max_rounds) == (True, 4000, 3)
+    assert (policy.recall, policy.recall_max_tokens, policy.recall_max_rounds) == (True, None, 3)
+    # Left to the budget: a sixteenth of it, at least 512 and at most 4,000 tokens.
+    assert policy.recall_answer_tokens == 2000
+    assert FoldPolicy(budget_tokens=8_000).recall_answer_tokens == 512
+    assert FoldPolicy(budget_tokens=200_000).recall_answer_tokens == 4000
+    assert FoldPolicy(budget_tokens=32_000, recall_max_tokens=300).recall_answer_tokens == 300
     assert FoldPolicy.from_json({**policy.to_json(), "recall": False}).recall is False
     old = {k: v for k, v in policy.to_json().items() if not k.startswith("recall")}
     assert FoldPolicy.from_json(old) == policy  # policies stored before recall read the same

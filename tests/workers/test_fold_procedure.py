@@ -372,3 +372,68 @@ def test_fault_point_marks_once_and_waits_until_killed(tmp_path: Path) -> None:
     # The marker exists now: the next process passes the point (a redelivery runs to its end).
     again = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
     assert again.returncode == 0
+
+
+# --- a priced visit: the session's age and its folds' lag ------------------------------------
+
+def _priced(store: SessionStore, sid: str, calls: int, policy: FoldPolicy) -> Any:
+    """A session of ``calls`` tool steps (each an 8-line read), visited as the scheduler's job
+    would visit it, priced with the default tables."""
+    from sessionfold.core.cost import DEFAULT_PRICES, FoldPricing
+
+    store.create_session(sid, policy)
+    store.append(sid, [{"role": "user", "content": "Fix the rounding in src/billing.py."}])
+    for n in range(calls):
+        out = "\n".join(f"src/mod_{n}.py:{i}: total += line_{i}" for i in range(40))
+        store.append(sid, [
+            {"role": "assistant", "content": [
+                {"type": "text", "text": f"THOUGHT: step {n}"},
+                {"type": "tool_use", "id": f"{sid}-t{n}", "name": "bash",
+                 "input": {"cmd": f"cat src/mod_{n}.py"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"{sid}-t{n}", "content": out}]}])
+    pricing = FoldPricing(agent=DEFAULT_PRICES["claude-sonnet-4-5"],
+                          summarizer=DEFAULT_PRICES["claude-haiku-4-5"])
+    return run_fold(store, ScriptedSummarizer(), FoldJob(sid, f"job-{sid}"), pricing=pricing)
+
+
+def test_a_priced_fold_of_a_session_told_it_is_about_to_end_is_refused(
+        store: SessionStore) -> None:
+    open_ended = FoldPolicy(budget_tokens=64_000, trigger_ratio=0.3, target_ratio=0.05)
+    # The same window: a session that says nothing of its length is priced over about its
+    # age from now on, and the fold pays; one that says it makes one more call is left alone.
+    assert _priced(store, "long", 30, open_ended).outcome == "folded"
+    ending = open_ended.model_copy(update={"expected_calls": 31})
+    report = _priced(store, "ending", 30, ending)
+    assert report.outcome == "refused" and "would-not-pay" in report.refusals
+    assert "before the session ends" in report.detail
+    assert store.get_session("ending").calls == 30
+
+
+def test_a_late_background_fold_teaches_the_process_how_late_first_folds_will_land(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessionfold.workers import fold_procedure
+
+    lag = fold_procedure._Lag()
+    monkeypatch.setattr(fold_procedure, "FOLD_LAG", lag)
+    assert lag.prior() == 1.0  # nothing landed yet: by the next call
+    policy = FoldPolicy(budget_tokens=4000, economics="window")
+    store.create_session(SID, policy)
+    store.append(SID, transcript_session("django__django-15554", 41).messages)
+
+    def the_agent_goes_on() -> None:  # three calls while the summarizer works
+        for n in range(3):
+            store.append(SID, [
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": f"late-{n}", "name": "bash",
+                     "input": {"cmd": "ls"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": f"late-{n}", "content": "ok"}]}])
+
+    report = run_fold(store, ScriptedSummarizer(on_first_call=the_agent_goes_on),
+                      FoldJob(SID, "job-late"))
+    assert report.outcome == "folded"
+    assert store.get_session(SID).fold_lag_calls == 3.0
+    assert lag.prior() == 3.0  # a session none of whose folds landed yet starts from this
+    lag.landed(None)  # an inline fold says nothing of the workers' lag
+    assert lag.prior() == 3.0
