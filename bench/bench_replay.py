@@ -51,14 +51,17 @@ from b1.transcripts import (  # noqa: E402
     load_transcripts,
 )
 
-PEERS = ("langchain", "openhands", "autogen")
+PEERS = ("langchain", "openhands", "autogen", "langmem")
 #: sessionfold through the real client and pipeline (``b1.pipeline_systems``); ``-recall``:
 #: with the recall tool, the scripted agent as the recall oracle (``b1.oracle``).
 PIPELINE = ("sessionfold-background", "sessionfold-inline", "sessionfold-background-recall",
             "sessionfold-inline-recall")
 #: sessionfold's fold engine in process (``b1.sessionfold_systems``).
 IN_PROCESS = ("sessionfold-background-inprocess", "sessionfold-inline-inprocess")
-ALL_SYSTEMS = ("none", *PEERS, *PIPELINE, *IN_PROCESS)
+#: The real client, store, scheduler rule and fold procedure on a call-count clock
+#: (``b1.sim_systems``): folds land before the next call, or six calls late.
+SIM = {"sessionfold-sim": 0, "sessionfold-sim-lag5": 5}
+ALL_SYSTEMS = ("none", *PEERS, *PIPELINE, *IN_PROCESS, *SIM)
 #: Systems whose numbers depend on timing (a fold landing between calls): run them alone.
 BACKGROUND = ("sessionfold-background", "sessionfold-background-recall",
               "sessionfold-background-inprocess")
@@ -74,6 +77,8 @@ def _replay_local(name: str, transcripts: list[Transcript], args: argparse.Names
     """Every budget of one system that runs in this process (none, sessionfold)."""
     if name in PIPELINE:
         return _replay_pipeline(name, transcripts, args, counter)
+    if name in SIM:
+        return _replay_sim(name, transcripts, args, counter)
     system: System
     if name == "none":
         system = NoCompaction()
@@ -89,6 +94,39 @@ def _replay_local(name: str, transcripts: list[Transcript], args: argparse.Names
                            counter=counter, idle=args.idle_gaps,
                            source="in process (bench/b1, the project's virtualenv)"))
     return runs
+
+
+def _replay_sim(name: str, transcripts: list[Transcript], args: argparse.Namespace,
+                counter: Counter) -> list[SystemRun]:
+    """A simulated-clock system (``b1.sim_systems``): nothing sleeps, whatever --time-scale."""
+    from b1.fakes import FakeSummarizer
+    from b1.sim_systems import SimSystem
+
+    fake = FakeSummarizer(counter=counter, time_scale=0.0)
+    system = SimSystem(fake, lag=SIM[name], overrides=args.policy)
+    runs = []
+    for budget in args.budget_list:
+        print(f"[b1] {name} @ {budget}", file=sys.stderr)
+        system.start()
+        try:
+            runs.append(replay(system, transcripts, budget, time_scale=0.0, counter=counter,
+                               summarizer=fake, source="simulated clock (bench/b1/sim_systems)"))
+        finally:
+            system.stop()
+    return runs
+
+
+def _per_session(runs: list[SystemRun]) -> str:
+    """Each session against its own no-compaction cost (``b1.per_session``); empty without a
+    ``none`` run to compare with."""
+    from b1.per_session import per_session, per_session_table, summary
+
+    figures = per_session(runs)
+    if not figures:
+        return ""
+    parts = ["", summary(figures, title="#### Per session: each against its own no compaction")]
+    parts += [per_session_table(figures, budget) for budget in sorted({r.budget for r in runs})]
+    return "\n".join(parts)
 
 
 def _replay_pipeline(name: str, transcripts: list[Transcript], args: argparse.Namespace,
@@ -395,7 +433,7 @@ def _run(args: argparse.Namespace) -> int:
     order = {name: i for i, name in enumerate(args.system_list)}
     runs.sort(key=lambda r: (r.budget, order[r.system]))
     elapsed = time.perf_counter() - started
-    report = _header(args, versions, elapsed) + "\n" + markdown(runs)
+    report = _header(args, versions, elapsed) + "\n" + markdown(runs) + _per_session(runs)
     (args.out / "runs.json").write_text(json.dumps({
         "time_scale": args.time_scale, "budgets": args.budget_list,
         "transcripts": [t.id for t in transcripts], "versions": versions,

@@ -6,9 +6,10 @@
   at most ``SUMMARY_TOKENS`` = 300 tokens) of the material it is given -- the conversation part
   of the system's summarizer prompt, which each adapter cuts out of its own prompt -- listing
   only identifiers the replayed conversation named (``vocabulary``, set by the replay for each
-  transcript); after ``SUMMARIZER_SECONDS`` (2.0 s). Every system gets the same function, so
-  needed-context recall compares policies, not summarizer luck. The prompt as a whole is what
-  the summarizer is billed for.
+  transcript); after ``SUMMARIZER_SECONDS`` (2.0 s). Identifiers the prompt asks it to keep
+  (sessionfold's ``must_keep``) come first, inside the same cap. Every system gets the same
+  function, so needed-context recall compares policies, not summarizer luck. The prompt as a
+  whole is what the summarizer is billed for.
 
 Both latencies are multiplied by one ``time_scale`` so a run takes minutes; the *ratio* is what
 matters (a background fold helps only if it lands between two calls), and it is kept.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .counting import Counter
@@ -67,16 +69,19 @@ class FakeSummarizer:
     vocabulary: frozenset[str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def summarize(self, prompt: str, material: str, *, input_tokens: int | None = None) -> str:
+    def summarize(self, prompt: str, material: str, *, input_tokens: int | None = None,
+                  must_keep: Sequence[str] = ()) -> str:
         """Summarize ``material``, the conversation part of ``prompt`` (the whole text the
         system sends its summarizer model, instruction included).
 
         ``input_tokens`` is the prompt's size if the caller counted it (a message list is
-        counted with its framing); otherwise the prompt text is counted here.
+        counted with its framing); otherwise the prompt text is counted here. ``must_keep``:
+        identifiers the prompt asks the summary to keep; they are listed first, within the
+        same ``SUMMARY_TOKENS`` cap as everything else (a real summary has a length too).
         """
         n_in = self.counter.text(prompt, cache=False) if input_tokens is None else input_tokens
         text = digest_summary(material, SUMMARY_TOKENS, counter=self.counter,
-                              only=self.vocabulary)
+                              only=self.vocabulary, first=must_keep)
         started = time.perf_counter()
         time.sleep(SUMMARIZER_SECONDS * self.time_scale)
         elapsed = time.perf_counter() - started

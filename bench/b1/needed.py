@@ -422,17 +422,23 @@ def _fit(text: str, cap_tokens: int, counter: Counter) -> str:
 
 
 def digest_summary(messages_text: str, cap_tokens: int, *, counter: Counter | None = None,
-                   only: AbstractSet[str] | None = None) -> str:
+                   only: AbstractSet[str] | None = None, first: Sequence[str] = ()) -> str:
     """A summary of ``messages_text`` as a model told to keep identifiers would write it: its
     identifiers (those in ``only``, when given: the ones the conversation named), most mentioned
     first, at most ``cap_tokens`` tokens (B1's counter).
 
-    Deterministic: the same text, cap and ``only`` give the same digest.
+    ``first``: identifiers the request asked the summary to keep (sessionfold's ``must_keep``),
+    listed before the ranked ones, as a model following that instruction would -- but within
+    the same cap: a model asked for more than its summary's length holds cannot list them all.
+
+    Deterministic: the same text, cap, ``only`` and ``first`` give the same digest.
     """
     if cap_tokens < 1:
         raise ValueError(f"cap_tokens must be at least 1, got {cap_tokens}")
     counter = counter or _default_counter()
-    ranked = _ranked(messages_text, only)
+    asked = list(dict.fromkeys(first))
+    listed = set(asked)
+    ranked = asked + [found for found in _ranked(messages_text, only) if found not in listed]
     if not ranked:
         return _fit(DIGEST_EMPTY, cap_tokens, counter)
     budget = cap_tokens - counter.text(DIGEST_HEADING, cache=False)

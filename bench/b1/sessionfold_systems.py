@@ -20,9 +20,9 @@ the background timing, not the pipeline's own overheads (``bench/RESULTS.md`` sa
 produced each table).
 
 The summarizer is sessionfold's real ``AnthropicSummarizer`` (its real prompt, markers and usage
-parsing) talking through ``httpx2.MockTransport`` to the shared fake summarizer: ~300 tokens,
-plus -- as a model following the instruction would -- the identifiers the request asks it to
-keep (``must_keep``), so sessionfold's retention check sees them.
+parsing) talking through ``httpx2.MockTransport`` to the shared fake summarizer: at most 300
+tokens, the identifiers the request asks it to keep (``must_keep``) listed first within that cap
+(a span denser in identifiers than that loses some, as it would with a model).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from sessionfold.workers.providers.anthropic import AnthropicSummarizer
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
-from .needed import mentioned
 from .replay import Env
 from .transcripts import Transcript
 
@@ -78,16 +77,14 @@ def summarizer_material(content: str) -> str:
 
 def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[str, Any]:
     """The Messages API answer of the fake summarizer to a ``messages.create`` body: the digest
-    of the material, then -- as a model following the instruction would -- the identifiers the
-    request asks it to keep (``must_keep``) that the digest does not already name."""
+    of the material, the identifiers the request asks it to keep (``must_keep``) listed first
+    -- as a model following the instruction would -- but all within the digest's 300-token cap:
+    a span denser in identifiers than a summary can hold loses some, as it would with a model."""
     content = "\n\n".join(str(m["content"]) for m in body["messages"])
     prompt = "\n\n".join([str(body.get("system", "")), content])
     keep = [line[2:] for match in _MUST_KEEP.finditer(content)
             for line in match.group(2).splitlines() if line.startswith("- ")]
-    text = fake.summarize(prompt, summarizer_material(content))
-    added = [k for k in keep if not mentioned(text, k)]
-    if added:
-        text += "\nIdentifiers kept: " + ", ".join(added)
+    text = fake.summarize(prompt, summarizer_material(content), must_keep=keep)
     return {"id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
             "stop_sequence": None,
