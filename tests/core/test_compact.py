@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sessionfold.core import planner as planner_module
 from sessionfold.core.compact import compact, fold_window
 from sessionfold.core.errors import (
     InvalidInputError,
@@ -32,8 +32,10 @@ from sessionfold.core.messages import (
     parse_message,
     parse_messages,
 )
+from sessionfold.core.planner import Planner
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
+from sessionfold.core.sizes import Sizes
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary, render_transcript
 from sessionfold.core.tokens import Calibration, TokenCounter, count_text
 from sessionfold.core.turns import group_turns, protect
@@ -291,13 +293,10 @@ def test_a_latch_stored_under_the_legacy_fingerprint_still_refuses_its_span(
         (span.start_seq, span.end_seq, span.fingerprint)]
     assert second.spans[0].end_seq > span.end_seq  # a longer span is a new question
     # Without latches the legacy fingerprint is never computed (it is the slow one).
-    engine = importlib.import_module("sessionfold.core.compact")  # (the package exports a
-    # function of that name)
-
     def refuse(_: object) -> str:
         raise AssertionError("legacy_fingerprint computed without latches")
 
-    monkeypatch.setattr(engine, "legacy_fingerprint", refuse)
+    monkeypatch.setattr(planner_module, "legacy_fingerprint", refuse)
     assert fold_window(items(messages), POLICY, Scripted(reply=keeps_everything)).spans
 
 
@@ -721,14 +720,12 @@ def test_the_planners_turns_after_a_cheap_pass_are_the_grouping_of_its_new_items
         name: str, share: float) -> None:
     # After a pass the planner rebuilds only the turns whose items the pass changed: the turns
     # it holds must be exactly (same items, same objects) what grouping its new items gives.
-    planner_type = importlib.import_module("sessionfold.core.compact")._Planner
     items = items_from_messages(load_conversation_file(TRANSCRIPTS / f"{name}.json").messages)
     total = sum(COUNTER.message(i.message) for i in items)
     policy = FoldPolicy(budget_tokens=total * 2, keep_recent_turns=2)
-    sizes = importlib.import_module("sessionfold.core.compact")._Sizes(COUNTER)
-    planner = planner_type(items=list(items), policy=policy, summarizer=None, sizes=sizes,
-                           target=round(total * (1 - share)), slope=1.0, current=float(total),
-                           force=False, pinned=(), latched=())
+    planner = Planner(items=list(items), policy=policy, summarizer=None, sizes=Sizes(COUNTER),
+                      target=round(total * (1 - share)), slope=1.0, current=float(total),
+                      force=False, pinned=(), latched=())
     planner.protection = protect(planner.items, policy, turns=planner.turns())
     for layer in ("mask-tool-results", "drop-thinking"):
         planner.cheap_layer(layer)

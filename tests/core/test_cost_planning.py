@@ -26,6 +26,7 @@ from sessionfold.core.economics import (
 )
 from sessionfold.core.errors import InvalidPolicyError
 from sessionfold.core.messages import Message, parse_message
+from sessionfold.core.planner import Planner
 from sessionfold.core.policy import FoldPolicy, LayerName
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.core.tokens import TokenCounter
@@ -127,8 +128,6 @@ def test_a_priced_visit_masks_each_item_once_and_plans_what_it_planned_without_t
         layers: tuple[LayerName, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     # The dry run that prices the visit masks every foldable output; the real pass reuses what
     # it made (the visit's layer memo) instead of masking again, and lands on the same window.
-    # (By module path: the package's name ``compact`` is the function.)
-    compact_module = importlib.import_module("sessionfold.core.compact")
     layers_module = importlib.import_module("sessionfold.core.layers")
 
     calls: list[int] = []
@@ -148,8 +147,7 @@ def test_a_priced_visit_masks_each_item_once_and_plans_what_it_planned_without_t
         def __setitem__(self, key: int, value: tuple[WindowItem, WindowItem]) -> None:
             pass  # remembers nothing: every pass masks afresh
 
-    monkeypatch.setattr(compact_module._Planner, "cheap_layer", _forgetting(
-        compact_module._Planner.cheap_layer, Forgetful))
+    monkeypatch.setattr(Planner, "cheap_layer", _forgetting(Planner.cheap_layer, Forgetful))
     calls.clear()
     without = visit(ITEMS, pol)
     assert len(calls) > len(set(calls))  # the dry run and the real pass both masked
