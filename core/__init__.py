@@ -13,6 +13,7 @@ The store and the workers use :func:`fold_window` on stored window items; see
 ``docs/internals.md``.
 """
 
+from .clip import clip_oversized
 from .compact import CompactResult, FoldResult, compact, fold_window
 from .errors import (
     ContextOverflowError,
@@ -38,7 +39,7 @@ from .frame import (
     summary_body,
     summary_message,
 )
-from .layers import clip_oversized, drop_thinking, mask_tool_results
+from .layers import drop_thinking, mask_tool_results
 from .messages import (
     Block,
     Conversation,

@@ -46,6 +46,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .clip import clip_oversized
 from .economics import FoldEconomics, decide, nothing_to_price
 from .errors import (
     InvalidInputError,
@@ -54,7 +55,7 @@ from .errors import (
     TransientSummarizerError,
 )
 from .frame import frame_info
-from .layers import clip_oversized, item_tokens
+from .layers import item_tokens
 from .messages import Message, SummaryMark, check_tool_pairing, parse_message
 from .planner import CHEAP_LAYERS, Planner
 from .policy import FoldPolicy

@@ -31,7 +31,7 @@ for leaves the request over the line, the result is ``"over-budget"`` with the b
 the largest item left (:attr:`GuardResult.largest_seq`), for the caller's error or its choice to
 send anyway.
 
-The stages are :func:`~.compact.fold_window`'s own steps and :func:`~.layers.clip_oversized`
+The stages are :func:`~.compact.fold_window`'s own steps and :func:`~.clip.clip_oversized`
 (one owner of what a cheap fold may do), so the stubs name ledger seqs as the store's do and
 recall hints work on them. Pure and deterministic: the same items, policy and calibration give
 the same items, so a request sent again is byte-identical and its cached prefix holds. Nothing
@@ -45,9 +45,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .clip import clip_oversized, clip_own_words
 from .compact import fold_window
-from .layers import as_sent, clip_oversized, clip_own_words
 from .policy import FoldPolicy
+from .recall_hints import as_sent
 from .tokens import Calibration, TokenCounter, default_counter
 from .turns import group_turns, protect, turn_reasons
 from .window import Originals, WindowItem
@@ -148,7 +149,8 @@ def guard_window(items: Sequence[WindowItem], policy: FoldPolicy, calibration: C
     up a clipped item's ledger message, so a stub or clip written over it names the original's
     size. ``last_stage``: the last stage that may run (``drop-history`` only after an inline
     fold could not bring the window under). ``recall``: the request carries the recall tool, so
-    its stubs, seams and frames go out with their hints (:func:`~.layers.as_sent`), measured so.
+    its stubs, seams and frames go out with their hints (:func:`~.recall_hints.as_sent`),
+    measured so.
     """
     c = counter or default_counter()
     request = _Request(list(items), calibration, c, system_tokens + extra_tokens, recall)

@@ -14,13 +14,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from .clip import clip_oversized
 from .economics import FoldShape
 from .errors import SummarizerError
 from .frame import fingerprint, legacy_fingerprint
 from .layers import (
     DROP_RECALL,
     LayerMemo,
-    clip_oversized,
     drop_recall_items,
     drop_thinking,
     has_thinking,

@@ -23,6 +23,7 @@ from typing import Any
 
 import pydantic_core
 import sqlalchemy as sa
+from sessionfold.core.clip import clip_oversized
 from sessionfold.core.errors import (
     DiscardedOriginalsError,
     InvalidInputError,
@@ -30,7 +31,6 @@ from sessionfold.core.errors import (
     TooLargeError,
     ToolPairingError,
 )
-from sessionfold.core.layers import clip_oversized
 from sessionfold.core.messages import (
     Message,
     ToolUseBlock,

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx2
+from sessionfold.core.clip import clip_oversized
 from sessionfold.core.compact import FoldResult, fold_window
-from sessionfold.core.layers import clip_oversized
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldEdit, Trigger, WindowItem

@@ -8,8 +8,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionfold.core.clip import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
 from sessionfold.core.compact import compact, fold_window
-from sessionfold.core.layers import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized, hinted_stubs
 from sessionfold.core.messages import (
     DocumentBlock,
     Message,
@@ -19,6 +19,7 @@ from sessionfold.core.messages import (
     parse_message,
 )
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.recall_hints import hinted_stubs
 from sessionfold.core.tokens import TokenCounter, count_text
 from sessionfold.core.window import WindowItem
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessionfold.core.layers import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
+from sessionfold.core.clip import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
 from sessionfold.core.messages import Message, TextBlock, ToolResultBlock
 from sessionfold.core.tokens import default_counter
 from sessionfold.core.window import WindowItem

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from sessionfold.core import planner as planner_module
+from sessionfold.core.clip import clip_oversized
 from sessionfold.core.compact import compact, fold_window
 from sessionfold.core.errors import (
     InvalidInputError,
@@ -24,7 +25,7 @@ from sessionfold.core.frame import (
     summary_body,
     summary_message,
 )
-from sessionfold.core.layers import MASK_TAG, clip_oversized, drop_thinking, mask_tool_results
+from sessionfold.core.layers import MASK_TAG, drop_thinking, mask_tool_results
 from sessionfold.core.messages import (
     Message,
     SummaryMark,

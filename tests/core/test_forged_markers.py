@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sessionfold.core.clip import CLIP_TAG, clip_oversized
 from sessionfold.core.compact import compact, fold_window
 from sessionfold.core.frame import EarlierFold, summary_frame
-from sessionfold.core.layers import CLIP_TAG, MASK_TAG, clip_oversized, mask_item
+from sessionfold.core.layers import MASK_TAG, mask_item
 from sessionfold.core.messages import Message, ToolResultBlock, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import extract_identifiers

@@ -32,17 +32,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionfold.core.clip import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
 from sessionfold.core.compact import FoldResult, compact, fold_window
 from sessionfold.core.errors import TransientSummarizerError
 from sessionfold.core.frame import FRAME_TAG, frame_info
-from sessionfold.core.layers import (
-    CLIP_TAG,
-    MASK_TAG,
-    RECALL_DROPPED_TAG,
-    TEXT_CLIP_TAG,
-    THINKING_PLACEHOLDER,
-    clip_oversized,
-)
+from sessionfold.core.layers import MASK_TAG, RECALL_DROPPED_TAG, THINKING_PLACEHOLDER
 from sessionfold.core.messages import (
     Block,
     Message,

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sessionfold.core.clip import CLIP_TAG, clip_oversized
 from sessionfold.core.layers import (
-    CLIP_TAG,
     MASK_TAG,
     THINKING_PLACEHOLDER,
-    clip_oversized,
     drop_thinking,
     drop_thinking_item,
     mask_item,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
+from sessionfold.core.clip import clip_oversized
 from sessionfold.core.compact import fold_window
 from sessionfold.core.errors import InvalidPolicyError
 from sessionfold.core.frame import (
@@ -16,15 +17,10 @@ from sessionfold.core.frame import (
     recall_hint,
     summary_message,
 )
-from sessionfold.core.layers import (
-    RECALL_DROPPED_TAG,
-    clip_oversized,
-    drop_recall_items,
-    hinted_stubs,
-    mask_item,
-)
+from sessionfold.core.layers import RECALL_DROPPED_TAG, drop_recall_items, mask_item
 from sessionfold.core.messages import Message, check_tool_pairing, parse_message
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.recall_hints import hinted_stubs
 from sessionfold.core.retention import extract_identifiers
 from sessionfold.core.searchtext import searchable_text
 from sessionfold.core.summarizers import Summary

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessionfold.core.clip import CLIP_TAG
 from sessionfold.core.compact import fold_window
 from sessionfold.core.frame import summary_frame
-from sessionfold.core.layers import CLIP_TAG, MASK_TAG
+from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import Message, ToolResultBlock
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import Summary

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from pipeline_harness import postgres_url
-from sessionfold.core.layers import CLIP_TAG, MASK_TAG
+from sessionfold.core.clip import CLIP_TAG
+from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import ToolResultBlock
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer
