@@ -100,6 +100,7 @@ from .errors import (
     InvalidUsageError,
     UsageUnmeasurableError,
 )
+from .pydantic_errors import explain
 
 __all__ = [
     "CACHE_TTLS",
@@ -161,7 +162,7 @@ class _Setting(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise InvalidPolicyError(_explain(type(self).__name__, exc)) from None
+            raise InvalidPolicyError(explain(type(self).__name__, exc)) from None
 
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
@@ -177,7 +178,7 @@ class _Setting(BaseModel):
                 inner = (err.get("ctx") or {}).get("error")
                 if isinstance(inner, InvalidPolicyError):
                     raise inner from None
-            raise InvalidPolicyError(_explain(cls.__name__, exc)) from None
+            raise InvalidPolicyError(explain(cls.__name__, exc)) from None
 
     @field_validator("*", mode="before")
     @classmethod
@@ -187,17 +188,6 @@ class _Setting(BaseModel):
         if isinstance(value, bool) and field is not None and field.annotation in (int, float):
             raise ValueError(f"must be a number, got {value!r}")
         return value
-
-
-def _explain(name: str, exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "literal_error":
-            msg += f" (got {err['input']!r})"
-        parts.append(f"{where}: {msg}" if where else msg)
-    return f"invalid {name}: " + "; ".join(parts)
 
 
 # --- prices -------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from .jsonvalues import (
     check_text,
     find_lone_surrogate,
 )
+from .pydantic_errors import field_path, first_error
 
 __all__ = [
     "BLOCK_TYPES",
@@ -344,42 +345,6 @@ class Conversation(BaseModel):
     summaries: tuple[SummaryMark, ...] = ()
 
 
-def _field_path(prefix: str, loc: Sequence[int | str]) -> str:
-    path = prefix
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
-
-
-def _clean_loc(loc: Sequence[int | str]) -> list[int | str]:
-    """The field path without pydantic's union-branch labels (``str``, ``list[...]``, tags)."""
-    out: list[int | str] = []
-    tag_after_index = tag_next = False
-    for part in loc:
-        if isinstance(part, str) and ("[" in part or part in ("str", "int", "dict", "list")):
-            tag_next = part.startswith("tagged-union")
-            tag_after_index = part.startswith("list[tagged-union")
-            continue
-        if tag_next:  # the discriminator value pydantic inserts into the path
-            tag_next = False
-            continue
-        out.append(part)
-        if tag_after_index and isinstance(part, int):
-            tag_after_index, tag_next = False, True
-    return out
-
-
-def _first_error(exc: ValidationError) -> tuple[Sequence[int | str], str]:
-    # A union (``str | list[part]``) reports one error per branch; the deepest one is the branch
-    # the input was meant for (a list input fails inside the list, not at "not a string").
-    errors = exc.errors(include_url=False)
-    err = max(errors, key=lambda e: len(e["loc"]))
-    if err["type"] == "string_unicode":  # said as the checks after validation say it
-        return _clean_loc(err["loc"]), ("a lone surrogate; text must be valid Unicode (UTF-8 "
-                                        "cannot encode it)")
-    return _clean_loc(err["loc"]), err["msg"].removeprefix("Value error, ")
-
-
 def sdk_dict(raw: Any) -> Any:
     """A provider SDK's object (anthropic's ``TextBlock``, openai's ``ChatCompletionMessage``...)
     as the plain dict it stands for, so an agent can append what a response holds as it came
@@ -409,8 +374,8 @@ def _parse_block(raw: Any, index: int, position: int) -> Block:
     try:
         block: Block = cls.model_validate(raw)  # type: ignore[assignment]
     except ValidationError as exc:
-        loc, msg = _first_error(exc)
-        raise InvalidMessageError(msg, index=index, field=_field_path(where, loc)) from None
+        loc, msg = first_error(exc)
+        raise InvalidMessageError(msg, index=index, field=field_path(where, loc)) from None
     return block
 
 

@@ -31,6 +31,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import InvalidPolicyError
+from .pydantic_errors import explain
 
 __all__ = ["LAYERS", "MAX_POLICY_INT", "MAX_RECALL_ROUNDS", "MAX_SUMMARIZER_CALLS",
            "MIN_RECALL_TOKENS", "FoldPolicy", "LayerName"]
@@ -251,13 +252,5 @@ def _show(value: int) -> str:
 
 
 def _explain(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        field = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "literal_error":
-            msg += f" (got {err['input']!r})"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown policy field; allowed: " + ", ".join(FoldPolicy.model_fields)
-        parts.append(f"{field}: {msg}" if field else msg)
-    return "invalid FoldPolicy: " + "; ".join(parts)
+    return explain("FoldPolicy", exc, unknown="unknown policy field; allowed: "
+                   + ", ".join(FoldPolicy.model_fields))

@@ -25,14 +25,9 @@ from .jsonvalues import (
     check_text,
     read_json,
 )
-from .messages import (
-    Conversation,
-    SummaryMark,
-    _field_path,
-    _first_error,
-    parse_messages,
-)
+from .messages import Conversation, SummaryMark, parse_messages
 from .openai_shape import anthropic_marker, from_openai, leading_system_count, openai_marker
+from .pydantic_errors import field_path, first_error
 
 __all__ = ["load_conversation", "load_conversation_file", "load_conversation_json"]
 
@@ -151,8 +146,8 @@ def _summary_mark(raw: Any, position: int) -> SummaryMark:
     try:
         return SummaryMark.model_validate(raw)
     except ValidationError as exc:
-        loc, msg = _first_error(exc)
-        raise InvalidMessageError(f"{_field_path(f'summaries[{position}]', loc)}: {msg}"
+        loc, msg = first_error(exc)
+        raise InvalidMessageError(f"{field_path(f'summaries[{position}]', loc)}: {msg}"
                                   ) from None
 
 
@@ -183,8 +178,8 @@ def _marks_from_spans(spans: Any, count: int) -> list[SummaryMark]:
         try:
             span = _WrittenSpan.model_validate(raw)
         except ValidationError as exc:
-            loc, msg = _first_error(exc)
-            raise InvalidMessageError(f"{_field_path(f'spans[{i}]', loc)}: {msg}") from None
+            loc, msg = first_error(exc)
+            raise InvalidMessageError(f"{field_path(f'spans[{i}]', loc)}: {msg}") from None
         if span.end_seq < span.start_seq or span.start_seq in opening:
             raise InvalidMessageError(f"spans[{i}]: #{span.start_seq}–#{span.end_seq} is not a "
                                       "span sessionfold compact writes")

@@ -1,4 +1,4 @@
-"""Settings of the workers pipeline, read from the environment once, at the entry point.
+"""Settings of every sessionfold process, read from the environment once, at the entry point.
 
 Every process of the pipeline (scheduler, worker, ``sessionfold up``, the replay) builds one
 :class:`Settings` where it starts and passes it down; nothing below reads the environment::
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
@@ -44,6 +44,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sessionfold.core.cost import TTL_SECONDS, CacheTTL, ModelPrices, price_table, prices_for
 from sessionfold.core.errors import InvalidInputError, InvalidPolicyError
+from sessionfold.core.pydantic_errors import explain
 from sessionfold.store.engine import DEFAULT_DATA_DIR, default_sqlite_url
 from sessionfold.store.pruning import RetentionRules
 from sqlalchemy.engine import make_url
@@ -458,13 +459,10 @@ class Settings(BaseSettings):
 
 
 def _explain(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = [str(x) for x in err["loc"]]
-        field = loc[0] if loc else ""
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        where = env_name(field) if field in Settings.model_fields else field
-        parts.append(f"{where}: {msg}" if where else msg)
-    return "invalid settings: " + "; ".join(parts)
+    return explain("settings", exc, unknown="unknown setting", where=_variable)
+
+
+def _variable(loc: Sequence[int | str]) -> str:
+    """Where an error is, said as the environment variable of the setting it is in."""
+    field = str(loc[0]) if loc else ""
+    return env_name(field) if field in Settings.model_fields else field
