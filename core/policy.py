@@ -1,9 +1,9 @@
 """FoldPolicy: when a session folds, how deep, and what a fold may do.
 
-A fold starts when the measured window passes ``trigger_ratio × budget_tokens``
-(:meth:`FoldPolicy.over_trigger`; early enough that a background fold lands before the budget is
-reached) and goes down to ``target_ratio × budget_tokens`` (deep enough that the next turns do not
-fold again, so the provider's prompt cache is invalidated rarely)::
+The scheduler visits a session once its window passes the trigger the store keeps for it
+(``SessionInfo.trigger_tokens``, at most ``trigger_ratio × budget_tokens``; see "Deciding to
+fold" in ``docs/architecture.md``). A fold goes down to ``target_ratio × budget_tokens`` (deep
+enough that the next turns do not fold again, so the provider's prompt cache breaks rarely)::
 
     FoldPolicy(budget_tokens=32_000)                      # defaults: 0.85 trigger, 0.6 target
     FoldPolicy(budget_tokens=64_000, layers=("mask-tool-results", "drop-oldest"),
@@ -183,15 +183,6 @@ class FoldPolicy(BaseModel):
     @property
     def trigger_tokens(self) -> int:
         return int(self.budget_tokens * self.trigger_ratio)
-
-    def over_trigger(self, tokens: float) -> bool:
-        """Whether a window of ``tokens`` is past the trigger: a background fold is due.
-
-        The one statement of the rule: the planner, the scheduler and the client ask here; the
-        store's sweep (``SessionStore.over_trigger``) says the same in SQL, on the
-        ``trigger_tokens`` column it keeps equal to :attr:`trigger_tokens`.
-        """
-        return tokens > self.trigger_tokens
 
     @property
     def idle_trigger_tokens(self) -> int | None:

@@ -234,7 +234,7 @@ def test_only_options_at_or_under_the_policys_target_are_offered_when_one_reache
 
 def test_an_idle_visit_under_the_trigger_folds_when_the_cold_cache_makes_it_pay() -> None:
     pol = policy(MASK_ONLY, over=0.7)  # under the 0.85 trigger, over the 0.5 idle trigger
-    assert not pol.over_trigger(SIZE) and pol.over_idle_trigger(SIZE)
+    assert pol.trigger_tokens >= SIZE and pol.over_idle_trigger(SIZE)
     assert visit(ITEMS, pol).record.outcome == "nothing-to-fold"  # not due in the background
     idle = visit(ITEMS, pol, trigger="idle", economics=COLD).record
     assert idle.outcome == "folded" and idle.trigger == "idle"

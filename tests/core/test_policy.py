@@ -98,8 +98,8 @@ def test_target_is_always_below_trigger_below_budget(budget: int, target: float,
     assert 0 <= p.target_tokens <= p.trigger_tokens <= p.budget_tokens
 
 
-def test_over_the_trigger_and_over_the_budget_are_strictly_past_each_line() -> None:
-    policy = FoldPolicy(budget_tokens=10_000)  # trigger 8500
-    assert not policy.over_trigger(8500) and policy.over_trigger(8501)
+def test_over_the_budget_is_strictly_past_it_and_the_trigger_is_below_it() -> None:
+    policy = FoldPolicy(budget_tokens=10_000)
+    assert policy.trigger_tokens == 8500
     assert not policy.over_budget(10_000) and policy.over_budget(10_001)
-    assert policy.over_trigger(9000) and not policy.over_budget(9000)
+    assert not policy.over_budget(9000)
