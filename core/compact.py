@@ -76,7 +76,7 @@ from .window import (
 )
 
 if TYPE_CHECKING:
-    from .cost import FoldChoice
+    from .cycles import FoldChoice
 
 __all__ = ["CompactResult", "FoldResult", "compact", "fold_window"]
 

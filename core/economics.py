@@ -1,10 +1,10 @@
-"""Whether a planned fold pays, and how deep it goes: the planner's use of :mod:`.cost`.
+"""Whether a planned fold pays, and how deep it goes: the planner's use of :mod:`.cycles`.
 
 A policy with ``economics="dollars"`` has each background visit priced before anything is
 changed. The planner measures what the visit *could* do (:class:`FoldShape`: the window X, what
 the cheap layers alone would leave, what folding every foldable run would leave, the stable
 head H and the growth per call g) and :func:`decide` turns that into
-:func:`~.cost.choose_fold` options:
+:func:`~.cycles.choose_fold` options:
 
 - ``cheap-layers``: the window the free layers leave (mask, thin, drop recall), no summary;
 - ``summarize`` (or ``drop-oldest``): the deepest fold the protections allow, every foldable
@@ -44,8 +44,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .cost import FoldChoice, FoldOption, FoldPricing, choose_fold
+from .cycles import FoldChoice, FoldOption, choose_fold
 from .errors import InvalidInputError
+from .fold_cost import FoldPricing
 from .policy import FoldPolicy
 from .window import CompactionRecord
 

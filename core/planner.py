@@ -49,7 +49,7 @@ from .window import (
 )
 
 if TYPE_CHECKING:
-    from .cost import FoldChoice
+    from .cycles import FoldChoice
 
 __all__ = ["CHEAP_LAYERS", "Planner"]
 

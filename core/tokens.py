@@ -13,7 +13,7 @@ one (:data:`IMAGE_TOKENS`), a text document as its text, a base64 PDF from its s
 :func:`pdf_tokens`), a document given by reference as one page of text, and a block sessionfold
 does not read by its JSON.
 
-What a provider reported is read by :func:`~sessionfold.core.cost.read_usage`, the one strict
+What a provider reported is read by :func:`~sessionfold.core.usage.read_usage`, the one strict
 reader of usage (every count a whole number >= 0, or the report is refused naming it); here:
 
 - the prompt size of a call is ``input_tokens + cache_read_input_tokens +
@@ -39,7 +39,6 @@ from typing import Any, ClassVar
 import tiktoken
 from pydantic import BaseModel, ConfigDict
 
-from .cost import MAX_REPORTED_TOKENS, read_usage
 from .errors import UsageUnmeasurableError
 from .messages import (
     Block,
@@ -53,6 +52,7 @@ from .messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from .usage import MAX_REPORTED_TOKENS, read_usage
 
 __all__ = [
     "DOCUMENT_TOKENS",
@@ -295,7 +295,7 @@ def reported_prompt_tokens(usage: Any, *, measure: str = "reported") -> int | No
     ``usage`` is an anthropic ``Usage`` object or a dict with ``input_tokens``,
     ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, or OpenAI's (whose
     ``prompt_tokens`` include the cached ones), read by
-    :func:`~sessionfold.core.cost.read_usage`: a count that is not a whole number >= 0 raises
+    :func:`~sessionfold.core.usage.read_usage`: a count that is not a whole number >= 0 raises
     InvalidUsageError naming it; None or a report of no counts is zero. What may stand as a
     measurement is :func:`measured_prompt_tokens`'s rule.
     """

@@ -174,7 +174,7 @@ class CompactionRecord(BaseModel):
     forced: bool = False
     detail: str = ""
     #: The cost model's figures when the visit was priced (policy ``economics="dollars"``):
-    #: :meth:`FoldChoice.to_json() <sessionfold.core.cost.FoldChoice.to_json>`, or
+    #: :meth:`FoldChoice.to_json() <sessionfold.core.cycles.FoldChoice.to_json>`, or
     #: ``{"why": "nothing-to-price", "fold": False, "window_tokens": …}`` when no fold was on
     #: offer; None when it was not priced.
     economics: dict[str, Any] | None = None

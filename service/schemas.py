@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessionfold.core.cost import MAX_REPORTED_TOKENS
 from sessionfold.core.messages import BLOCK_TYPES, MAX_NESTING_DEPTH
 from sessionfold.core.policy import (
     LAYERS,
@@ -27,6 +26,7 @@ from sessionfold.core.policy import (
     MIN_RECALL_TOKENS,
     FoldPolicy,
 )
+from sessionfold.core.usage import MAX_REPORTED_TOKENS
 
 __all__ = ["COMPONENTS", "MESSAGE_SCHEMA", "POLICY_SCHEMA", "USAGE_SCHEMA",
            "append_messages_schema", "recall_schema"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sessionfold.core.cost import CallTokens, ModelPrices, prices_for, summarizer_dollars
+from sessionfold.core.prices import ModelPrices, prices_for, summarizer_dollars
+from sessionfold.core.usage import CallTokens
 
 __all__ = ["PRICES", "Prices"]
 

@@ -37,7 +37,7 @@ from b1.prices import Prices  # noqa: E402
 from b1.replay import SystemRun, replay  # noqa: E402
 from b1.results import update_section  # noqa: E402
 from b1.transcripts import load_transcripts  # noqa: E402
-from sessionfold.core.cost import ModelPrices  # noqa: E402
+from sessionfold.core.prices import ModelPrices  # noqa: E402
 
 QUICK = "psf__requests-1142"
 

@@ -10,27 +10,26 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sessionfold.core.cost import (
-    DEFAULT_PRICES,
-    CallTokens,
+from sessionfold.core.cycles import (
     FoldOption,
-    FoldPricing,
-    ModelPrices,
     best_cycle,
-    cache_is_cold,
-    call_cost,
     calls_between_folds,
     choose_fold,
     cycle_rate,
-    fold_cost,
+)
+from sessionfold.core.errors import InvalidInputError, InvalidPolicyError
+from sessionfold.core.fold_cost import FoldPricing, fold_cost
+from sessionfold.core.prefix_cache import cache_is_cold, simulate_prefix_cache
+from sessionfold.core.prices import (
+    DEFAULT_PRICES,
+    ModelPrices,
+    call_cost,
     price_table,
     prices_for,
     request_cost,
-    simulate_prefix_cache,
     summarizer_dollars,
-    usage_tokens,
 )
-from sessionfold.core.errors import InvalidInputError, InvalidPolicyError
+from sessionfold.core.usage import CallTokens, usage_tokens
 
 SONNET = DEFAULT_PRICES["claude-sonnet-4-5"]
 HAIKU = DEFAULT_PRICES["claude-haiku-4-5"]

@@ -5,7 +5,7 @@ fold that lands several calls late is decided that much earlier."""
 from __future__ import annotations
 
 import pytest
-from sessionfold.core.cost import DEFAULT_PRICES, FoldOption, FoldPricing, choose_fold
+from sessionfold.core.cycles import FoldOption, choose_fold
 from sessionfold.core.economics import (
     MIN_HORIZON_CALLS,
     ceiling_tokens,
@@ -13,7 +13,9 @@ from sessionfold.core.economics import (
     next_trigger_tokens,
 )
 from sessionfold.core.errors import InvalidPolicyError
+from sessionfold.core.fold_cost import FoldPricing
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.prices import DEFAULT_PRICES
 from sessionfold.core.window import CompactionRecord
 
 PRICING = FoldPricing(agent=DEFAULT_PRICES["claude-sonnet-4-5"],

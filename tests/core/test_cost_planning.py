@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sessionfold.core.compact import FoldResult, fold_window
-from sessionfold.core.cost import DEFAULT_PRICES, FoldPricing
 from sessionfold.core.economics import (
     FoldEconomics,
     FoldShape,
@@ -25,9 +24,11 @@ from sessionfold.core.economics import (
     opening_trigger_tokens,
 )
 from sessionfold.core.errors import InvalidPolicyError
+from sessionfold.core.fold_cost import FoldPricing
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.planner import Planner
 from sessionfold.core.policy import FoldPolicy, LayerName
+from sessionfold.core.prices import DEFAULT_PRICES
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.core.tokens import TokenCounter
 from sessionfold.core.window import Trigger, WindowItem, items_from_messages

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sessionfold.core.cost import CallTokens, read_usage, usage_shape
 from sessionfold.core.errors import InvalidUsageError, UsageUnmeasurableError
 from sessionfold.core.tokens import MAX_REPORTED_TOKENS, reported_prompt_tokens
+from sessionfold.core.usage import CallTokens, read_usage, usage_shape
 from sessionfold.workers.usagebus import UsageEvent
 
 #: What a JSON body can carry where a count belongs, and is not one.

@@ -379,7 +379,8 @@ def test_fault_point_marks_once_and_waits_until_killed(tmp_path: Path) -> None:
 def _priced(store: SessionStore, sid: str, calls: int, policy: FoldPolicy) -> Any:
     """A session of ``calls`` tool steps (each an 8-line read), visited as the scheduler's job
     would visit it, priced with the default tables."""
-    from sessionfold.core.cost import DEFAULT_PRICES, FoldPricing
+    from sessionfold.core.fold_cost import FoldPricing
+    from sessionfold.core.prices import DEFAULT_PRICES
 
     store.create_session(sid, policy)
     store.append(sid, [{"role": "user", "content": "Fix the rounding in src/billing.py."}])

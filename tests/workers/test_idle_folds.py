@@ -17,10 +17,10 @@ import pytest
 import redis
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
-from sessionfold.core.cost import DEFAULT_PRICES
 from sessionfold.core.economics import opening_trigger_tokens
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.prices import DEFAULT_PRICES
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.core.window import SummarizerUsage
 from sessionfold.store.results import SessionInfo
