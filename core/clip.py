@@ -15,16 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias, overload
 
+from .evolve import evolve
 from .layers import with_edit
-from .messages import (
-    Block,
-    DocumentBlock,
-    Message,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    evolve,
-)
+from .messages import Block, DocumentBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
 from .tokens import TokenCounter, count_text, default_counter
 from .window import WindowItem
 

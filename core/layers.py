@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from .evolve import evolve
 from .messages import (
     Block,
     Message,
@@ -35,7 +36,6 @@ from .messages import (
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
-    evolve,
 )
 from .tokens import TokenCounter, default_counter
 from .window import Edit, Originals, WindowItem

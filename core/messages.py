@@ -16,7 +16,7 @@ never a pydantic traceback. Beyond its shape, a message is refused when it holds
 or the Messages API would refuse later (:func:`parse_message`): a value nested deeper than
 :data:`MAX_NESTING_DEPTH`, a lone surrogate, a non-JSON number (see :mod:`.jsonvalues`), a
 tool_use id used twice in the conversation, two results for one call, an image or document whose
-base64 data does not decode or whose URL is not http(s), or no text at all. An empty
+base64 data does not decode or whose URL is not http(s) (:mod:`.media`), or no text at all. An empty
 text block beside other content is dropped (the API refuses it, and its own responses hold such
 blocks). The OpenAI chat-completions shape is converted by :mod:`.openai_shape`, and session
 files are read by :mod:`.session_files`.
@@ -24,12 +24,9 @@ files are read by :mod:`.session_files`.
 
 from __future__ import annotations
 
-import binascii
 import re
-from base64 import b64decode
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any, Literal, TypeAlias, TypeVar
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -50,6 +47,7 @@ from .jsonvalues import (
     check_text,
     find_lone_surrogate,
 )
+from .media import check_source
 from .pydantic_errors import field_path, first_error
 
 __all__ = [
@@ -70,7 +68,6 @@ __all__ = [
     "ToolUseBlock",
     "check_tool_pairing",
     "dump_messages",
-    "evolve",
     "find_lone_surrogate",
     "parse_message",
     "parse_messages",
@@ -227,49 +224,6 @@ BLOCK_TYPES: dict[str, type[_Block]] = {
     "image": ImageBlock,
     "document": DocumentBlock,
 }
-
-
-_Model = TypeVar("_Model", bound=BaseModel)
-_new = object.__new__
-_set = object.__setattr__
-
-
-def evolve(model: _Model, **changes: Any) -> _Model:
-    """``model.model_copy(update=changes)`` for a model of this package: a copy with those
-    fields set (and counted as set, so ``to_json`` writes them), nothing validated.
-
-    pydantic's generic path (``__copy__``, then the update) was a tenth of a fold's masking;
-    this is the same result built in one step. Only declared fields may change (a key that is
-    not one raises ValueError: ``model_copy`` would file it under the extras), and only models
-    without private attributes are copied (TypeError: their ``__pydantic_private__`` would
-    have to be copied too). ``tests/core/test_messages.py`` compares it with ``model_copy`` on
-    every kind of model.
-    """
-    cls = type(model)
-    fields = _EVOLVABLE.get(cls)
-    if fields is None:
-        fields = _evolvable(cls)
-    if not fields.issuperset(changes):
-        unknown = sorted(set(changes) - fields)
-        raise ValueError(f"{cls.__name__} has no field {unknown[0]!r}")
-    copy = _new(cls)
-    _set(copy, "__dict__", {**model.__dict__, **changes})
-    _set(copy, "__pydantic_fields_set__", model.__pydantic_fields_set__.union(changes))
-    extra = model.__pydantic_extra__
-    _set(copy, "__pydantic_extra__", None if extra is None else dict(extra))
-    _set(copy, "__pydantic_private__", None)
-    return copy
-
-
-#: The fields of each model class :func:`evolve` has copied (checked once per class).
-_EVOLVABLE: dict[type[BaseModel], frozenset[str]] = {}
-
-
-def _evolvable(cls: type[BaseModel]) -> frozenset[str]:
-    if cls.__private_attributes__:
-        raise TypeError(f"{cls.__name__} has private attributes; copy it with model_copy")
-    fields = _EVOLVABLE[cls] = frozenset(cls.__pydantic_fields__)
-    return fields
 
 
 class Message(BaseModel):
@@ -469,52 +423,12 @@ def _check_sources(message: Message, index: int) -> None:
         return
     for pos, block in enumerate(message.content):
         if isinstance(block, ImageBlock | DocumentBlock):
-            _check_source(block, index, f"content[{pos}].source")
+            check_source(block.source, block.type, index, f"content[{pos}].source")
         elif isinstance(block, ToolResultBlock) and not isinstance(block.content, str):
             for part_pos, part in enumerate(block.content):
                 if isinstance(part, ImageBlock | DocumentBlock):
-                    _check_source(part, index, f"content[{pos}].content[{part_pos}].source")
-
-
-def _check_source(block: ImageBlock | DocumentBlock, index: int, where: str) -> None:
-    # Other source types (a file id, a text document, content blocks) are the provider's to
-    # judge: nothing about them is known here to fail.
-    kind = block.source.get("type")
-    if kind == "base64":
-        problem = _base64_problem(block.source.get("data"))
-        if problem is not None:
-            raise InvalidMessageError(problem, index=index, field=f"{where}.data")
-    elif kind == "url":
-        url = block.source.get("url")
-        if not _is_web_url(url):
-            raise InvalidMessageError(
-                f"a {block.type}'s url must be an http(s) URL the provider can fetch, got "
-                f"{url!r:.60}", index=index, field=f"{where}.url")
-
-
-def _base64_problem(data: object) -> str | None:
-    """Why ``data`` is not base64 the provider decodes, or None. Decoded once to be sure (the
-    store's cap on a message bounds what that allocates); whitespace and characters outside
-    the alphabet are refused, as strict decoders refuse them."""
-    if not isinstance(data, str):
-        return f"base64 data must be text, got {type(data).__name__}"
-    if not data:
-        return "the source holds no data (empty base64)"
-    try:
-        b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:  # ValueError: a non-ASCII character
-        return f"the data is not valid base64 ({exc}); got {data[:20]!r}..."
-    return None
-
-
-def _is_web_url(url: object) -> bool:
-    if not isinstance(url, str):
-        return False
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        return False
-    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+                    check_source(part.source, part.type, index,
+                                 f"content[{pos}].content[{part_pos}].source")
 
 
 def _check_unique_ids(message: Message, index: int) -> None:

@@ -12,17 +12,10 @@ from __future__ import annotations
 import re
 
 from .clip import CLIP_TAG, TEXT_CLIP_TAG
+from .evolve import evolve
 from .frame import hinted_frame, recall_hint
 from .layers import MASK_TAG, recall_dropped_message
-from .messages import (
-    Block,
-    Message,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    evolve,
-)
+from .messages import Block, Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from .window import WindowItem
 
 __all__ = ["as_sent", "hinted_stubs"]

@@ -376,7 +376,7 @@ def _same_copy(a: Any, b: Any) -> None:
 
 
 def test_evolve_copies_exactly_what_model_copy_copies_on_every_shipped_message() -> None:
-    from sessionfold.core.messages import evolve
+    from sessionfold.core.evolve import evolve
     from sessionfold.core.window import WindowItem
 
     checked = 0
@@ -404,7 +404,7 @@ def test_evolve_copies_exactly_what_model_copy_copies_on_every_shipped_message()
 
 def test_evolve_refuses_a_field_the_model_does_not_have_and_models_with_private_state() -> None:
     from pydantic import BaseModel, PrivateAttr
-    from sessionfold.core.messages import evolve
+    from sessionfold.core.evolve import evolve
 
     with pytest.raises(ValueError, match="no field 'colour'"):
         evolve(TextBlock(text="a"), colour="red")
