@@ -89,7 +89,8 @@ from sessionfold.core.messages import (
     parse_messages,
     sdk_dict,
 )
-from sessionfold.core.openai_shape import from_openai, leading_system_count, to_openai
+from sessionfold.core.openai_shape import from_openai, leading_system_count
+from sessionfold.core.openai_write import to_openai
 from sessionfold.core.overflow import is_context_overflow
 
 from .aio import AsyncSessionHandle

@@ -32,7 +32,7 @@ from typing import Any
 
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.messages import Conversation, Message
-from sessionfold.core.openai_shape import to_openai
+from sessionfold.core.openai_write import to_openai
 from sessionfold.core.recall_hints import as_sent
 from sessionfold.core.window import WindowItem
 from sessionfold.store import Window

@@ -57,7 +57,8 @@ from .messages import (
     parse_message,
     parse_messages,
 )
-from .openai_shape import from_openai, to_openai
+from .openai_shape import from_openai
+from .openai_write import to_openai
 from .overflow import is_context_overflow, overflow_tokens
 from .policy import LAYERS, FoldPolicy, LayerName
 from .retention import RetentionResult, check_retention, extract_identifiers

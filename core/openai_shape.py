@@ -3,15 +3,15 @@ stores (:mod:`.messages`).
 
 :func:`from_openai` converts OpenAI messages (``tool_calls``, role ``"tool"``, roles
 ``"system"``/``"developer"``, content parts) into a :class:`~.messages.Conversation`, naming the
-OpenAI message and field in every error; :func:`to_openai` writes a conversation back. What each
-field becomes is said where it is read, and for users in the README's "The OpenAI chat shape".
+OpenAI message and field in every error (:func:`~.openai_write.to_openai` writes a conversation
+back). What each field becomes is said where it is read, and for users in the README's "The
+OpenAI chat shape".
 :func:`openai_marker` and :func:`anthropic_marker` tell the two shapes apart from a message's
 content (session files, the client's appends).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,18 +23,7 @@ from .jsonvalues import (
     check_json_value,
     read_json,
 )
-from .messages import (
-    Block,
-    Conversation,
-    DocumentBlock,
-    ImageBlock,
-    Message,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    parse_messages,
-    sdk_dict,
-)
+from .messages import Conversation, Message, parse_messages, sdk_dict
 
 __all__ = [
     "CUSTOM_INPUT_KEY",
@@ -46,7 +35,7 @@ __all__ = [
     "in_openai_terms",
     "leading_system_count",
     "openai_marker",
-    "to_openai",
+    "reserved_input",
 ]
 
 # --- OpenAI chat-completions shape -------------------------------------------------------------
@@ -70,7 +59,7 @@ _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: The Messages API wants an object as ``input`` and refuses a field it does not know on a
 #: block, so the text sits inside the input, under a key no tool can declare (the API refuses a
 #: tool schema's property names outside ``[a-zA-Z0-9_.-]``; this one has a space).
-#: :func:`to_openai` writes the text back as it came.
+#: :func:`~.openai_write.to_openai` writes the text back as it came.
 RAW_ARGUMENTS_KEY = "arguments text"
 #: The tool_use ``input`` key holding a custom tool call's free-text ``input`` (OpenAI's
 #: ``{"type": "custom", "custom": {"name", "input"}}``); written back as a custom call.
@@ -451,8 +440,8 @@ def _openai_arguments(raw: Any, index: int, field: str) -> dict[str, Any]:
     model wrote it under :data:`RAW_ARGUMENTS_KEY`. Absent or empty arguments are ``{}``.
 
     An object that would read back as that key (or :data:`CUSTOM_INPUT_KEY`) is kept as text
-    too, so what :func:`to_openai` writes back is what came in. Checked here, where the error
-    can name the OpenAI field, by the limits every tool input is held to.
+    too, so what :func:`~.openai_write.to_openai` writes back is what came in. Checked here,
+    where the error can name the OpenAI field, by the limits every tool input is held to.
     """
     if raw is not None and not isinstance(raw, str):
         raise InvalidMessageError(f"arguments must be a JSON string, got {type(raw).__name__}",
@@ -465,7 +454,7 @@ def _openai_arguments(raw: Any, index: int, field: str) -> dict[str, Any]:
         if not exc.malformed:  # valid JSON past what a reader takes: refused, not kept
             raise InvalidMessageError(f"arguments are {exc}", index=index, field=field) from None
         value = None
-    args = value if isinstance(value, dict) and _reserved_input(value) is None else {
+    args = value if isinstance(value, dict) and reserved_input(value) is None else {
         RAW_ARGUMENTS_KEY: raw}
     _check_input(args, index, field)
     return args
@@ -480,8 +469,9 @@ def _check_input(args: dict[str, Any], index: int, field: str) -> None:
         raise InvalidMessageError(reason, index=index, field=field) from None
 
 
-def _reserved_input(args: Mapping[str, Any]) -> str | None:
-    """The reserved key ``args`` consists of (raw arguments text or a custom input), if any."""
+def reserved_input(args: Mapping[str, Any]) -> str | None:
+    """The reserved key ``args`` consists of (raw arguments text or a custom input), if any:
+    such a tool input is written back as the text it came as (:mod:`.openai_write`)."""
     if len(args) != 1:
         return None
     (key, value), = args.items()
@@ -510,92 +500,3 @@ def _in_openai_terms(exc: InvalidMessageError, origins: list[list[_Origin]]
         return type(exc)(exc.reason, index=sources[0].index, field=exc.field)
     origin = sources[int(part[1])]
     return type(exc)(exc.reason, index=origin.index, field=origin.field_of(part[2]))
-
-
-def to_openai(conversation: Conversation) -> list[dict[str, Any]]:
-    """Write a :class:`Conversation` as OpenAI chat-completions messages.
-
-    The system prompt first; a tool call as the call it came as (custom, or a function whose
-    arguments are written back as they came); each tool result its own ``tool`` message
-    (text only: a tool message holds no image), then the user's text, images (``image_url``)
-    and PDFs (``file``). Thinking, blocks sessionfold keeps as given (server tools) and other
-    sources have no place in the chat shape and are left out of this rendering, never out of
-    the ledger; an assistant message left with nothing is left out whole (OpenAI refuses an
-    assistant message with neither content nor tool calls).
-    """
-    out: list[dict[str, Any]] = []
-    if conversation.system:
-        out.append({"role": "system", "content": conversation.system})
-    for msg in conversation.messages:
-        if msg.role == "assistant":
-            reply = _openai_reply(msg)
-            if reply is not None:
-                out.append(reply)
-        elif isinstance(msg.content, str):
-            out.append({"role": "user", "content": msg.content})
-        else:
-            out.extend(_openai_user_turn(msg.content))
-    return out
-
-
-def _openai_reply(msg: Message) -> dict[str, Any] | None:
-    calls = [_openai_call(b) for b in msg.blocks() if isinstance(b, ToolUseBlock)]
-    text = msg.text()
-    if not text and not calls:
-        return None
-    reply: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        reply["tool_calls"] = calls
-    return reply
-
-
-def _openai_call(block: ToolUseBlock) -> dict[str, Any]:
-    reserved = _reserved_input(block.input)
-    if reserved == CUSTOM_INPUT_KEY:
-        return {"id": block.id, "type": "custom",
-                "custom": {"name": block.name, "input": block.input[CUSTOM_INPUT_KEY]}}
-    arguments = (block.input[RAW_ARGUMENTS_KEY] if reserved == RAW_ARGUMENTS_KEY
-                 else json.dumps(block.input))
-    return {"id": block.id, "type": "function",
-            "function": {"name": block.name, "arguments": arguments}}
-
-
-def _openai_user_turn(blocks: Sequence[Block]) -> list[dict[str, Any]]:
-    """A user message's tool results as ``tool`` messages, then the rest as one user message."""
-    out: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-    for b in blocks:
-        if isinstance(b, ToolResultBlock):
-            out.append({"role": "tool", "tool_call_id": b.tool_use_id,
-                        "content": b.output_text()})
-            continue
-        part = _openai_part_of(b)
-        if part is not None:
-            parts.append(part)
-    if parts and all(p["type"] == "text" for p in parts):
-        out.append({"role": "user", "content": "\n".join(p["text"] for p in parts)})
-    elif parts:
-        out.append({"role": "user", "content": parts})
-    return out
-
-
-def _openai_part_of(block: Block) -> dict[str, Any] | None:
-    """The OpenAI content part a user message's block is written as; None: it has none."""
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    source = block.source if isinstance(block, ImageBlock | DocumentBlock) else {}
-    if source.get("type") == "base64" and isinstance(source.get("data"), str) and isinstance(
-            source.get("media_type"), str):
-        url = f"data:{source['media_type']};base64,{source['data']}"
-        if isinstance(block, ImageBlock):
-            return {"type": "image_url", "image_url": {"url": url}}
-        if source.get("media_type") == "application/pdf":
-            file: dict[str, Any] = {"file_data": url}
-            title = (block.model_extra or {}).get("title")
-            if isinstance(title, str) and title:
-                file["filename"] = title
-            return {"type": "file", "file": file}
-    if isinstance(block, ImageBlock) and source.get("type") == "url" and isinstance(
-            source.get("url"), str):
-        return {"type": "image_url", "image_url": {"url": source["url"]}}
-    return None

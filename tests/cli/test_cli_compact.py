@@ -16,7 +16,7 @@ from sessionfold.cli.commands.compact import DEFAULT_BUDGET
 from sessionfold.cli.main import main
 from sessionfold.core.frame import frame_info, summary_frame
 from sessionfold.core.messages import Conversation, check_tool_pairing, parse_messages
-from sessionfold.core.openai_shape import to_openai
+from sessionfold.core.openai_write import to_openai
 from sessionfold.core.session_files import load_conversation_file
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "cli" / "examples"

@@ -24,7 +24,8 @@ from sessionfold.client import (
 from sessionfold.client.sdk import ReplyNotRecordedError
 from sessionfold.core.errors import ContextOverflowError, InvalidMessageError, SessionNotFoundError
 from sessionfold.core.messages import Conversation
-from sessionfold.core.openai_shape import from_openai, to_openai
+from sessionfold.core.openai_shape import from_openai
+from sessionfold.core.openai_write import to_openai
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.workers.settings import Settings
 

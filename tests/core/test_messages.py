@@ -22,7 +22,7 @@ from sessionfold.core.messages import (
     parse_message,
     parse_messages,
 )
-from sessionfold.core.openai_shape import to_openai
+from sessionfold.core.openai_write import to_openai
 from sessionfold.core.session_files import load_conversation, load_conversation_file
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"

@@ -28,8 +28,8 @@ from sessionfold.core.openai_shape import (
     RAW_ARGUMENTS_KEY,
     from_openai,
     in_openai_terms,
-    to_openai,
 )
+from sessionfold.core.openai_write import to_openai
 from sessionfold.core.session_files import load_conversation
 
 TASK = {"role": "user", "content": "Fix the login bug."}
