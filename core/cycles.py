@@ -1,12 +1,17 @@
 """The cost rate of folding from a trigger T down to a target W, and the choice of fold.
 
-Folding every ``n = (T − W)/g`` calls (g: the window's growth per call) costs
-``ρ(n) = a/n + b + c·n`` dollars per call: ``a`` the fixed price of one fold (its cache break and
-its summary), ``b`` what every call reads and writes, ``c`` the growing window read once per
-call. The best cycle is ``n* = √(a/c)`` (the economic-order-quantity rule), clamped to what fits
-under the ceiling: deep and rare beats shallow and frequent. :func:`choose_fold` picks the
-target with the lowest rate and says whether folding now pays against folding later
-(``would-not-pay`` otherwise). Formulas and worked numbers: ``docs/cost-model.md``.
+Folding every ``n = (T − W)/g`` calls (g: the window's growth per call; the other letters as in
+``docs/cost-model.md``) costs, per call::
+
+    ρ(n) = a/n + b + c·n
+    a = (w − r)·(W − H)·p + (σ_in + σ_out)·s        one fold's fixed price (s: summary tokens)
+    b = (r·W + w·g − r·g/2)·p + σ_in·f·g            per call (f: share of S the summarizer reads)
+    c = r·g·p / 2                                   the growing window, read once per call
+
+The best cycle is ``n* = √(a/c)`` (the economic-order-quantity rule), clamped to what fits under
+the ceiling: deep and rare beats shallow and frequent. :func:`choose_fold` picks the target with
+the lowest rate and says whether folding now pays against folding later (``would-not-pay``
+otherwise).
 """
 
 from __future__ import annotations

@@ -4,11 +4,14 @@ A fold breaks the prompt cache: the next call writes the kept window (W) instead
 and from then on no call reads the removed tokens (S)::
 
     break premium       (w − r)·(W − H)·p      the cache break on what the fold keeps
-    per-call saving     r·S·p                  the removed tokens are not read again
+    first-call saving   r·S·p                  the removed tokens are not read on the next call
+    per-call saving     r·S·p                  ... nor on any later one
     net cost            break premium + σ − first-call saving
+    payback             net cost / per-call saving   calls after the first
 
-With a cold cache (idle past its lifetime) the next call rewrites its prefix anyway, so the
-fold costs only its summarizer (σ). Notation and worked numbers: ``docs/cost-model.md``.
+With a cold cache (idle past its lifetime) the break premium is 0 and the first call saves a
+write of S (``w·S·p``): the next call rewrites its prefix anyway. Notation and worked numbers:
+``docs/cost-model.md``.
 """
 
 from __future__ import annotations

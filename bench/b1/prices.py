@@ -1,4 +1,4 @@
-"""The prices B1 bills with: ``sessionfold.core.cost``'s table, the one the planner uses.
+"""The prices B1 bills with: ``sessionfold.core.prices``' table, the one the planner uses.
 
 Kept apart from :mod:`b1.cache` and the replay: the peers replay in virtualenvs of their own,
 without sessionfold installed, and record tokens only; every system is priced here, in the
@@ -17,10 +17,10 @@ __all__ = ["PRICES", "Prices"]
 
 @dataclass(frozen=True)
 class Prices:
-    """What B1 bills with: the agent's model and the summarizer's, as ``sessionfold.core.cost``
+    """What B1 bills with: the agent's model and the summarizer's, as ``sessionfold.core.prices``
     prices them (the one table the planner and the spend cap use: ``DEFAULT_PRICES``).
 
-    ``agent`` / ``summarizer`` are :class:`~sessionfold.core.cost.ModelPrices`; ``model`` and
+    ``agent`` / ``summarizer`` are :class:`~sessionfold.core.prices.ModelPrices`; ``model`` and
     ``summarizer_model`` are the names the report prints.
     """
 
