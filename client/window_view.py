@@ -129,7 +129,7 @@ def _stable_head(items: Sequence[WindowItem]) -> int:
 
 
 def rendered(item: WindowItem, *, recall: bool) -> Message:
-    """The message ``item`` is sent as (:func:`sessionfold.core.layers.as_sent`)."""
+    """The message ``item`` is sent as (:func:`sessionfold.core.recall_hints.as_sent`)."""
     return as_sent(item, recall=recall)
 
 
