@@ -32,7 +32,8 @@ test: lint typecheck pytest
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# mypy --strict over every package (sessionfold.core, .store, .workers, .client, .cli).
+# mypy --strict over every package (sessionfold.core, .store, .runtime, .workers, .client,
+# .service, .cli).
 typecheck: $(STAMP)
 	PYTHON=$(BIN)/python bash tools/typecheck.sh
 

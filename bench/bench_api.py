@@ -84,13 +84,13 @@ from sessionfold.client import Client, connect
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
 from sessionfold.service.auth import create_key
 from sessionfold.service.encoded import EncodedWindows
 from sessionfold.service.tenancy import store_id
 from sessionfold.store import SessionStore
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"

@@ -61,12 +61,12 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings, env_name
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store import SessionStore, create_store_engine
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.settings import Settings, env_name
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "pipeline.md"

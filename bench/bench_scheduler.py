@@ -48,14 +48,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.collector import freeze_startup_objects
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent
 from sessionfold.store.store import SessionStore
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.metrics import Metrics
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.runtime import freeze_startup_objects
 from sessionfold.workers.scheduler import Scheduler
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "scheduler.md"

@@ -59,11 +59,11 @@ from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.tokens import default_counter
 from sessionfold.core.window import CompactionRecord, FoldEdit, FoldedSpan, WindowItem
+from sessionfold.runtime.collector import freeze_startup_objects
 from sessionfold.store import SessionStore
 from sessionfold.store.codec import encode_message
 from sessionfold.store.engine import create_store_engine
 from sessionfold.store.schema import ledger, sessions, window_items
-from sessionfold.workers.runtime import freeze_startup_objects
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = REPO / "tests" / "data" / "transcripts"
@@ -410,7 +410,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "*cached* with the store's default item cache (only items new since this process last "
         "read the session are fetched and decoded); *settled gc* is the decoded read with the "
         "garbage collector as `sessionfold serve`, the workers and the scheduler set it "
-        "(`workers.runtime.freeze_startup_objects`: start-up objects frozen, young-generation "
+        "(`runtime.collector.freeze_startup_objects`: start-up objects frozen, young-generation "
         "threshold 10,000), measured in the same process right after the default one.",
         "",
         "| backend | ledger rows | sessions | window items | read, decoded | read, decoded, "

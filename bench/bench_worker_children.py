@@ -39,11 +39,11 @@ from typing import Any
 
 from bench_pipeline import THROUGHPUT_WINDOWS, _exit_on_sigterm, _sessions, proc_stat, process
 from sessionfold.core.session_files import load_conversation_file
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.settings import Settings
 
 MESSAGES = 291
 

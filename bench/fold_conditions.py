@@ -2,7 +2,7 @@
 
 A whole worker folds a ~300-item window in more CPU time than ``bench/profile_fold.py``'s loop
 does for only ~10 % more instructions (bench/RESULTS.md, "Fold CPU a fifth time"). This runs the
-same loop (``workers.fold_procedure.run_fold``, the offline summarizer, the store opened as a
+same loop (``runtime.fold_procedure.run_fold``, the offline summarizer, the store opened as a
 worker opens it, the collector settled) under one condition at a time, each in a fresh
 interpreter, the order rotated every round, so that a condition that costs CPU shows up beside
 the plain loop measured minutes apart on the same machine:
@@ -54,8 +54,8 @@ def _celery_heap() -> Any:
     import celery.concurrency.prefork
     import celery.worker  # noqa: F401
     import kombu.transport.redis  # noqa: F401
+    from sessionfold.runtime.settings import Settings
     from sessionfold.workers.celery_app import make_celery
-    from sessionfold.workers.settings import Settings
 
     # Built, never connected: nothing here talks to Redis.
     app = make_celery(Settings(summarizer="offline", anthropic_api_key=None),
@@ -67,7 +67,7 @@ def _celery_heap() -> Any:
 def one(condition: str, messages: int, folds: int) -> dict[str, Any]:
     """Fold ``folds`` sessions under ``condition`` in this process; CPU ms of each fold."""
     from sessionfold.core.summarizers import ExtractiveSummarizer
-    from sessionfold.workers.fold_procedure import FoldJob, run_fold
+    from sessionfold.runtime.fold_procedure import FoldJob, run_fold
 
     app = _celery_heap() if condition == "celery-heap" else None
     label, transcript, n = next(s for s in SIZES if s[2] == messages)

@@ -6,7 +6,7 @@ of the code by CPU time then takes many alternating rounds. Counting instruction
 ``valgrind --tool=callgrind`` counts every instruction the process executes, and the same code
 on the same input gives the same count to a few parts in ten thousand, whatever else runs.
 
-What is counted: the fold procedure the Celery task runs (``workers.fold_procedure.run_fold``)
+What is counted: the fold procedure the Celery task runs (``runtime.fold_procedure.run_fold``)
 with the offline summarizer, on sessions made from a shipped transcript (as profile_fold makes
 them: twice over their budget, so every visit folds), with the store opened as a fold worker
 opens it. A process that folds ``--folds`` sessions (``30`` by default) is counted beside one
@@ -69,14 +69,15 @@ def fold(db: Path, folds: int, economics: str) -> None:
     """The counted process: a warm-up fold, the collector settled as a worker child settles
     it, then ``folds`` folds."""
     from sessionfold.core.summarizers import ExtractiveSummarizer
+    from sessionfold.runtime.collector import freeze_startup_objects
+    from sessionfold.runtime.fold_procedure import FoldJob, run_fold
     from sessionfold.store import SessionStore
-    from sessionfold.workers.fold_procedure import FoldJob, run_fold
-    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE, freeze_startup_objects
+    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE
 
     pricing = None
     if economics == "dollars":
-        from sessionfold.workers.prices import fold_pricing
-        from sessionfold.workers.settings import Settings
+        from sessionfold.runtime.prices import fold_pricing
+        from sessionfold.runtime.settings import Settings
 
         pricing = fold_pricing(Settings(summarizer="offline", anthropic_api_key=None))
     store = SessionStore.from_url(f"sqlite:///{db}", item_cache=FOLD_WORKER_ITEM_CACHE)

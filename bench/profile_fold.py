@@ -2,7 +2,7 @@
 
 Issue 14 asks for the fold's cost to be measured before anything is changed: CPU time of the
 worker, not wall time (the machine is shared; a fold waiting on the disk or a lock costs no
-CPU). This runs the fold procedure the Celery task runs (``workers.fold_procedure.run_fold``) in
+CPU). This runs the fold procedure the Celery task runs (``runtime.fold_procedure.run_fold``) in
 this process, on sessions over their trigger made from a shipped transcript, with the offline
 (instant) summarizer, and reports:
 
@@ -205,9 +205,10 @@ def folding_sessions(url: str, transcript: str, n_messages: int, count: int, sum
     (imports, caches and the SQLite page cache warm up), and with ``settle`` the collector is
     then settled as a worker child settles it. The store is closed on the way out."""
     from sessionfold.core.session_files import load_conversation_file
+    from sessionfold.runtime.collector import freeze_startup_objects
+    from sessionfold.runtime.fold_procedure import FoldJob, run_fold
     from sessionfold.store import SessionStore
-    from sessionfold.workers.fold_procedure import FoldJob, run_fold
-    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE, freeze_startup_objects
+    from sessionfold.workers.runtime import FOLD_WORKER_ITEM_CACHE
 
     conv = load_conversation_file(TRANSCRIPTS / transcript)
     messages = conv.messages[:n_messages]
@@ -223,7 +224,7 @@ def folding_sessions(url: str, transcript: str, n_messages: int, count: int, sum
         store.close()
 
 
-#: The fold procedure's three steps, as ``workers.fold_procedure`` names them: the claim and the
+#: The fold procedure's three steps, as ``runtime.fold_procedure`` names them: the claim and the
 #: read (``store.begin_fold``), the plan (``core.compact.fold_window``, the summarizer inside)
 #: and the commit (``store.finish_fold``).
 STEPS = ("begin", "plan", "finish")
@@ -258,7 +259,7 @@ class _Steps:
     def timing(self, store: Any) -> Iterator[_Steps]:
         """Count the steps of the folds run on ``store`` inside the block (its two methods and
         the procedure's planner wrapped, and put back on the way out)."""
-        from sessionfold.workers import fold_procedure
+        from sessionfold.runtime import fold_procedure
 
         plan = fold_procedure.fold_window
         fold_procedure.fold_window = self._timed("plan", plan)
@@ -290,13 +291,13 @@ def touched(items: list[Any], result: Any) -> dict[str, int]:
 def measure(url: str, label: str, transcript: str, n_messages: int, folds: int,
             profile: bool, settle: bool = True, economics: str = "window") -> SizeResult:
     from sessionfold.core.summarizers import ExtractiveSummarizer
-    from sessionfold.workers.fold_procedure import FoldJob, run_fold
+    from sessionfold.runtime.fold_procedure import FoldJob, run_fold
 
     summarizer = _Timed(ExtractiveSummarizer())
     pricing = None
     if economics == "dollars":  # what a worker prices a default policy's visits with
-        from sessionfold.workers.prices import fold_pricing
-        from sessionfold.workers.settings import Settings
+        from sessionfold.runtime.prices import fold_pricing
+        from sessionfold.runtime.settings import Settings
 
         pricing = fold_pricing(Settings(summarizer="offline", anthropic_api_key=None))
     # Timed folds run unprofiled; the profile is taken over as many other sessions.
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="5 folds of the 40-message size")
     parser.add_argument("--gc", choices=("settled", "default"), default="settled",
                         help="settled (default): the collector as a worker child sets it "
-                             "(workers.runtime.freeze_startup_objects) before the folds; "
+                             "(runtime.collector.freeze_startup_objects) before the folds; "
                              "default: Python's own settings")
     parser.add_argument("--economics", choices=("window", "dollars", "both"), default="both",
                         help="window: every visit folds unpriced; dollars: visits priced as "

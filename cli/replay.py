@@ -34,10 +34,10 @@ from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
 from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import mapped_errors, redis_client
 from sessionfold.store import SessionInfo
-from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
-from sessionfold.workers.redis_conn import mapped_errors, redis_client
 from sessionfold.workers.scheduler import skip_reason
 
 from .standin.fakeprovider import FakeProvider

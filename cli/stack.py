@@ -11,7 +11,7 @@
 What it starts, in order:
 
 - **Redis**: ``REDIS_URL`` when set, else the embedded server of the data dir
-  (:func:`~sessionfold.workers.wiring.open_redis`; a server started earlier from the same data
+  (:func:`~sessionfold.runtime.wiring.open_redis`; a server started earlier from the same data
   dir is attached to, not owned).
 - **The store**: ``DATABASE_URL`` when set, else the SQLite file ``<data dir>/sessionfold.db``;
   SQLite is migrated here, PostgreSQL must already be (``sessionfold migrate``).
@@ -54,11 +54,11 @@ from typing import IO, Any
 
 from pydantic import SecretStr
 from sessionfold.core.errors import InvalidInputError, SessionfoldError
+from sessionfold.runtime.exporter import HostMetrics, join_host_metrics, serving_process
+from sessionfold.runtime.settings import Settings, env_name
+from sessionfold.runtime.wiring import RedisEndpoint, open_redis, open_store
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery
-from sessionfold.workers.exporter import HostMetrics, join_host_metrics, serving_process
-from sessionfold.workers.settings import Settings, env_name
-from sessionfold.workers.wiring import RedisEndpoint, open_redis, open_store
 
 __all__ = [
     "FLOWER_LOGIN_FILE",

@@ -32,9 +32,9 @@ One idea per module:
   agent's loop is plain SDK code (``messages.create``, ``messages.stream``,
   ``chat.completions.create``) that sends the compacted window. They import neither SDK.
 
-The client sits on the fold runtime
-(:mod:`sessionfold.workers`: the fold procedure for inline folds, the usage publisher, the
-wiring); the runtime never imports the client.
+The client sits on the shared runtime
+(:mod:`sessionfold.runtime`: the fold procedure for inline folds, the usage publisher, the
+wiring); the runtime never imports the client, and the client imports nothing of Celery.
 """
 
 from .aio import AsyncClient, AsyncSessionHandle

@@ -15,9 +15,9 @@ from sessionfold.core.messages import Message
 from sessionfold.core.overflow import is_context_overflow
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldedSpan, Trigger, WindowItem
+from sessionfold.runtime.fold_procedure import FoldReport
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import AppendResult, LedgerEntry, SessionInfo
-from sessionfold.workers.fold_procedure import FoldReport
-from sessionfold.workers.settings import Settings
 
 from .connection import Client, connect
 from .recall import RecallAnswer

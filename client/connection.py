@@ -7,10 +7,10 @@
 
 The client holds the store, the usage publisher and the summarizer of inline folds, and counts
 the inline folds made through it. Every connection comes from the settings through
-:mod:`sessionfold.workers.wiring`, as in every other process.
+:mod:`sessionfold.runtime.wiring`, as in every other process.
 
 Inline folds meet the same guards as the workers' background folds
-(:mod:`sessionfold.workers.summarizer_guard`): each summarizer call holds one of the global
+(:mod:`sessionfold.runtime.summarizer_guard`): each summarizer call holds one of the global
 summarizer slots, and a session past its spend cap goes without the summarizer. The rule when
 they are exhausted: the inline fold still folds, with the cheap layers (masking old tool output,
 dropping thinking) and without the summarizer, and its record says why; an agent is never left
@@ -34,15 +34,14 @@ from sessionfold.core.errors import (
 )
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import Summarizer
-from sessionfold.store import SessionInfo, SessionStore
-from sessionfold.workers.fold_procedure import FoldJob, FoldReport, run_fold
-from sessionfold.workers.metrics import VisitCounts
-from sessionfold.workers.prices import summarizer_cost_usd
-from sessionfold.workers.redis_conn import EmbeddedRedis, RedisClient
-from sessionfold.workers.settings import Settings, env_name
-from sessionfold.workers.summarizer_guard import SummarizerGuard
-from sessionfold.workers.usagebus import FoldEvent, NudgeEvent, UsagePublisher
-from sessionfold.workers.wiring import (
+from sessionfold.runtime.fold_procedure import FoldJob, FoldReport, run_fold
+from sessionfold.runtime.metrics import VisitCounts
+from sessionfold.runtime.prices import summarizer_cost_usd
+from sessionfold.runtime.redis_conn import EmbeddedRedis, RedisClient
+from sessionfold.runtime.settings import Settings, env_name
+from sessionfold.runtime.summarizer_guard import SummarizerGuard
+from sessionfold.runtime.usage import FoldEvent, NudgeEvent, UsagePublisher
+from sessionfold.runtime.wiring import (
     RedisEndpoint,
     inline_redis_client,
     make_summarizer,
@@ -51,6 +50,7 @@ from sessionfold.workers.wiring import (
     summarizer_guard,
     usage_publisher,
 )
+from sessionfold.store import SessionInfo, SessionStore
 
 from .session import OVER_BUDGET_CHOICES, OverBudget, SessionHandle
 
@@ -167,7 +167,7 @@ class Client:
             return False
 
     def run_inline_fold(self, job: FoldJob) -> FoldReport:
-        """Run ``job`` now, on this thread, through the workers' fold procedure, with the
+        """Run ``job`` now, on this thread, through the runtime's fold procedure, with the
         guarded summarizer (see the module doc); count it."""
         started = time.perf_counter()
         report = run_fold(self.store, self.summarizer_guard or self.summarizer, job)

@@ -17,7 +17,7 @@ What each part promises:
   usage, and when the provider rejects the request as too long
   (:func:`~sessionfold.core.overflow.is_context_overflow`) folds inline — trigger ``overflow``,
   forced, down to half the budget, through the same claim/commit procedure as the workers
-  (:mod:`sessionfold.workers.fold_procedure`), where the inline claim wins over a background fold
+  (:mod:`sessionfold.runtime.fold_procedure`), where the inline claim wins over a background fold
   in flight — and retries once. A second overflow raises :class:`ContextOverflowError` chained
   to the provider's error.
 - **The budget is a hard cap** (:mod:`sessionfold.core.guard`): before each request of
@@ -41,7 +41,7 @@ What each part promises:
   and the background fold comes.
 - **Nudges**: an append that takes the session past its trigger
   (:attr:`~sessionfold.store.results.AppendResult.crossed_trigger`) publishes a
-  :class:`~sessionfold.workers.usagebus.NudgeEvent`, so the scheduler looks at the session now
+  :class:`~sessionfold.runtime.usage.NudgeEvent`, so the scheduler looks at the session now
   instead of at the next usage report. Like usage reports it never blocks and never raises.
 - Summarizer calls made on the agent's path (inline folds) are counted, per handle and per
   client: in a healthy pipeline they stay at zero.
@@ -90,11 +90,11 @@ from sessionfold.core.overflow import is_context_overflow, overflow_tokens
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import Calibration, count_text
 from sessionfold.core.window import FoldedSpan, Trigger, WindowItem
+from sessionfold.runtime.fold_procedure import FoldJob, FoldReport
+from sessionfold.runtime.metrics import metrics
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store import AppendResult, LedgerEntry, SessionInfo, SessionStore, Window
-from sessionfold.workers.fold_procedure import FoldJob, FoldReport
-from sessionfold.workers.metrics import metrics
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 from .recall import (
     RecallAnswer,
@@ -580,7 +580,7 @@ class SessionHandle:
 
     def fold_inline(self, *, trigger: Trigger = "overflow", target_tokens: int | None = None,
                     measured_tokens: int | None = None) -> FoldReport:
-        """Fold now, on this thread, through the workers' procedure (the inline claim wins).
+        """Fold now, on this thread, through the runtime's procedure (the inline claim wins).
 
         On a lost race it re-reads the session, stops if it is already under target, and
         otherwise re-plans once.

@@ -14,7 +14,8 @@ With ``SESSIONFOLD_TEST_KILL_AT`` naming a point instead, *every* process reachi
 itself with SIGKILL (a fold that takes its worker down each time it runs).
 
 Points: ``after-summary`` (:mod:`.fold_procedure`: the summarizer returned, nothing committed
-yet) and ``after-commit`` (:mod:`.tasks`: committed, the Celery message not yet acknowledged).
+yet) and ``after-commit`` (:mod:`sessionfold.workers.tasks`: committed, the Celery message not
+yet acknowledged).
 """
 
 from __future__ import annotations

@@ -36,11 +36,13 @@ Why each step sits where it does:
   tool output is worth keeping) and the report carries the error in :attr:`FoldReport.retry_error`
   for the Celery task to retry. Every store job id is used for one visit only, so a retry runs
   under its own job id (see :func:`store_job_id`).
-- **Celery's soft time limit** (``SoftTimeLimitExceeded``, raised into the planner or the
-  summarizer wherever it happens to be) ends the visit like a transient summarizer failure: a
-  ``summarizer-failed`` refusal (detail ``soft time limit``) is recorded, which releases the
-  claim at once instead of leaving it to block the session until its lease runs out, and the
-  report carries a :class:`TransientSummarizerError` so the task retries with its backoff.
+- **A time limit** (``out_of_time``: the exceptions the caller's runner raises into the
+  planner or the summarizer wherever it happens to be; the Celery task passes Celery's
+  ``SoftTimeLimitExceeded``, so this module imports nothing of Celery) ends the visit like a
+  transient summarizer failure: a ``summarizer-failed`` refusal (detail ``soft time limit``) is
+  recorded, which releases the claim at once instead of leaving it to block the session until
+  its lease runs out, and the report carries a :class:`TransientSummarizerError` so the task
+  retries with its backoff.
 - **The summarizer is guarded** (:mod:`.summarizer_guard`) for the Celery task and the inline
   fallback alike: every call holds one of the global summarizer slots, and a visit to a session
   past its spend cap (or one whose spend cannot be read) folds with the free layers only. An
@@ -70,13 +72,10 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-# Celery raises billiard's class (celery.exceptions re-exports it); importing it from billiard
-# keeps the client, which shares this module, from importing Celery.
-from billiard.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 from sessionfold.core.compact import FoldResult, fold_window
-from sessionfold.core.cost import FoldPricing
 from sessionfold.core.economics import FoldEconomics, expected_calls_left
 from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
+from sessionfold.core.fold_cost import FoldPricing
 from sessionfold.core.summarizers import Summarizer
 from sessionfold.core.window import (
     CompactionRecord,
@@ -96,6 +95,7 @@ __all__ = [
     "FOLD_LAG",
     "FoldJob",
     "FoldReport",
+    "OutOfTime",
     "run_fold",
     "store_job_id",
 ]
@@ -103,6 +103,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SOFT_TIME_LIMIT = "soft time limit"
+
+#: Exceptions a runner raises into a visit when its time limit strikes (an ``except`` clause's
+#: tuple: empty catches nothing).
+OutOfTime = tuple[type[BaseException], ...]
 
 
 @dataclass(frozen=True)
@@ -198,21 +202,24 @@ def store_job_id(task_id: str, retries: int) -> str:
 
 
 def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None,
-             job: FoldJob, *, pricing: FoldPricing | None = None) -> FoldReport:
+             job: FoldJob, *, pricing: FoldPricing | None = None,
+             out_of_time: OutOfTime = ()) -> FoldReport:
     """Claim, plan, summarize, commit: one visit (and, with ``job.replan``, one re-plan).
 
     ``summarizer``: a :class:`~.summarizer_guard.SummarizerGuard` (what the Celery task and the
     client pass: it decides per visit, once the claim names the session incarnation, whether
     the summarizer may be called, and counts what it cost), a bare summarizer (called without
     guards: tests, ``compact``), or None (the free layers only). ``pricing``: what a policy
-    with ``economics="dollars"`` is priced with (None: no visit is priced).
+    with ``economics="dollars"`` is priced with (None: no visit is priced). ``out_of_time``:
+    the exceptions that mean the runner's time limit struck (see the module doc; none by
+    default: an inline fold has no time limit of its own).
 
     Raises what the store raises (SessionNotFoundError, StoreError...) and nothing of the
     summarizer's: a summarizer failure is a refusal in the record, and a transient one is also
     returned in :attr:`FoldReport.retry_error`. A store error after the claim leaves the claim
     to its lease: the session waits no longer than ``job.lease_s`` for the next visit.
     """
-    report = _attempt(store, summarizer, job, pricing)
+    report = _attempt(store, summarizer, job, pricing, out_of_time)
     if report.outcome != "stale" or not job.replan:
         return _charged(summarizer, report)
     # Lost the race (another inline fold, or a claim that outlived ours). The winner may have
@@ -225,7 +232,8 @@ def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
                            f"tokens, under the target {target}"))
     # The provider's count named the window before the winner's fold: measure afresh.
     again = _attempt(store, summarizer, replace(job, job_id=f"{job.job_id}~replan",
-                                                measured_tokens=None, replan=False), pricing)
+                                                measured_tokens=None, replan=False),
+                     pricing, out_of_time)
     return _charged(summarizer, replace(
         again, replans=1, summarizer_usage=report.summarizer_usage + again.summarizer_usage))
 
@@ -246,7 +254,7 @@ def _charged(summarizer: Summarizer | SummarizerGuard | None,
 
 
 def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None,
-             job: FoldJob, pricing: FoldPricing | None) -> FoldReport:
+             job: FoldJob, pricing: FoldPricing | None, out_of_time: OutOfTime) -> FoldReport:
     """One attempt: claim and read, plan, land (the procedure of the module doc, once)."""
     sid = job.session_id
     context = store.begin_fold(sid, job.job_id, enqueued_epoch=job.enqueued_epoch,
@@ -282,7 +290,7 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
             # ledger original's size, never a number found in the output.
             originals=lambda seq: store.recover(sid, seq, seq)[0],
         )
-    except SoftTimeLimitExceeded:
+    except out_of_time:
         # The hard limit follows shortly: release the claim now (a recorded visit), so the
         # session is not blocked for a whole lease, and let the task retry later.
         items = window.items

@@ -14,14 +14,14 @@ one's state::
 
 **Partitions and Redis Cluster.** Sessions are split into ``partitions`` by a stable hash of
 their id (:func:`~sessionfold.store.partitions.partition_of`); each partition has its own usage
-stream and one scheduler owns it at a time (:mod:`.partitions`). Every per-session key carries
-its partition's hash tag ``{pN}``, so on Redis Cluster all keys of one partition live in one
-hash slot and a script may touch many of them in one call (the scheduler's batched
-compare-and-set passes one partition's keys per call). The tag is derived from the partition,
-never from the raw session id, which may itself contain ``{…}``: the tag comes before the id, and
-Redis hashes the first ``{…}`` of a key. For the same reason the prefix may not contain braces.
-The partition count is fixed for a deployment's life: changing it moves sessions to other
-streams and keys (see deploy/README.md for the procedure).
+stream and one scheduler owns it at a time (:mod:`sessionfold.workers.partitions`). Every
+per-session key carries its partition's hash tag ``{pN}``, so on Redis Cluster all keys of one
+partition live in one hash slot and a script may touch many of them in one call (the
+scheduler's batched compare-and-set passes one partition's keys per call). The tag is derived
+from the partition, never from the raw session id, which may itself contain ``{…}``: the tag
+comes before the id, and Redis hashes the first ``{…}`` of a key. For the same reason the prefix
+may not contain braces. The partition count is fixed for a deployment's life: changing it moves
+sessions to other streams and keys (see deploy/README.md for the procedure).
 
 Session ids and job ids are used verbatim inside keys (Redis keys are binary safe); they are
 never parsed back out of a key except by :meth:`Keys.session_of_lock`.

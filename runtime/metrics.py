@@ -236,7 +236,7 @@ class VisitCounts:
     """What the metrics keep of one fold visit: label values from closed sets, and counts.
 
     Built from a :class:`CompactionRecord` where the visit ran; an agent's inline fold sends it
-    over the usage stream (:class:`~sessionfold.workers.usagebus.FoldEvent`) to be counted by a
+    over the usage stream (:class:`~sessionfold.runtime.usage.FoldEvent`) to be counted by a
     scheduler, so it is checked here against the closed sets: a label value comes from the
     project's own vocabulary, never from whatever a stream entry says.
     """
@@ -373,7 +373,7 @@ def enable_multiprocess(directory: Path, *, clean: bool = True) -> None:
     Call in the parent process before it forks and before any metric is recorded. ``clean``
     removes files of an earlier run (their counts would otherwise be added in): only for a
     directory of this process alone; a directory shared by a host's processes is joined through
-    :func:`~sessionfold.workers.exporter.join_host_metrics`, which never wipes a live one's.
+    :func:`~sessionfold.runtime.exporter.join_host_metrics`, which never wipes a live one's.
     """
     if _default is not None and multiprocess_dir() is None:
         raise RuntimeError("enable_multiprocess() must run before the first metric is recorded")

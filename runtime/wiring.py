@@ -20,7 +20,7 @@ turns them into connections, so that each of these decisions is made here and no
 - **The summarizer with its guards**: the provider the settings name (:func:`make_summarizer`),
   behind the global summarizer slots and the per-session spend cap, for background folds and
   an agent's inline folds alike (:func:`summarizer_guard`, see
-  :mod:`~sessionfold.workers.summarizer_guard`).
+  :mod:`~sessionfold.runtime.summarizer_guard`).
 - **The usage publisher** an agent reports on: :func:`usage_publisher`.
 """
 
@@ -41,7 +41,7 @@ from .settings import Settings
 from .slots import SummarizerSlots
 from .spend import SpendCap
 from .summarizer_guard import SummarizerGuard
-from .usagebus import UsagePublisher
+from .usage import UsagePublisher
 
 __all__ = [
     "RedisEndpoint",
@@ -166,7 +166,7 @@ def inline_redis_client(settings: Settings, url: str) -> RedisClient:
     """A Redis client for the guards of an agent's inline folds: short timeouts, no retries.
 
     An agent never waits long on Redis: with Redis away an inline fold goes without the
-    summarizer rather than stall (see :mod:`~sessionfold.workers.summarizer_guard`).
+    summarizer rather than stall (see :mod:`~sessionfold.runtime.summarizer_guard`).
     """
     return agent_path_client(url, settings.usage_socket_timeout_s)
 

@@ -25,9 +25,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sessionfold.client import Client, connect
 from sessionfold.core.errors import SessionfoldError
-from sessionfold.workers.exporter import HostMetrics, start_host_metrics
-from sessionfold.workers.runtime import freeze_startup_objects
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.collector import freeze_startup_objects
+from sessionfold.runtime.exporter import HostMetrics, start_host_metrics
+from sessionfold.runtime.settings import Settings
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import Scope

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sessionfold.core.errors import SessionfoldError
-from sessionfold.workers.settings import Settings, env_name
+from sessionfold.runtime.settings import Settings, env_name
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

@@ -9,7 +9,7 @@ an ETag to wait past) counts as ``<route> (long-poll)``, so its wait stays out o
 latency. Unmatched paths count as ``unmatched``.
 
 The API process joins the host's metrics directory like every other sessionfold process
-(:mod:`sessionfold.workers.exporter`), so these add up with the workers' and the scheduler's
+(:mod:`sessionfold.runtime.exporter`), so these add up with the workers' and the scheduler's
 on the host's exporter port; the API also serves the same sums on its own ``/metrics`` route,
 which is what a scrape of the API's Service in Kubernetes reaches.
 """

@@ -299,7 +299,9 @@ class RecallOut(_Out):
 
 class FoldOut(_Out):
     session_id: str
-    job_id: str
+    revision: int = Field(description="the window revision the scheduler was nudged at")
+    nudged: bool = Field(description="true when the nudge reached the usage bus; false when "
+                         "the bus was away (buffered; the scheduler's store sweep covers it)")
 
 
 class HealthPart(_Out):

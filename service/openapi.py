@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 from .app import create_app
 

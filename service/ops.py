@@ -17,8 +17,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sessionfold.core.errors import SessionfoldError
-from sessionfold.workers.metrics import exposition
-from sessionfold.workers.redis_conn import mapped_errors
+from sessionfold.runtime.metrics import exposition
+from sessionfold.runtime.redis_conn import mapped_errors
 
 from .errors import logged_failure
 from .models import ErrorOut, HealthOut, HealthPart

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sessionfold.workers.settings import Settings, env_name
+from sessionfold.runtime.settings import Settings, env_name
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .errors import ErrorSpec, error_body

@@ -24,10 +24,10 @@ from sessionfold.core.errors import (
     UsageUnmeasurableError,
 )
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.metrics import metrics
+from sessionfold.runtime.usage import UsageEvent
 from sessionfold.store import SessionInfo
 from sessionfold.store.ledger import MAX_KEY_LEN
-from sessionfold.workers.metrics import metrics
-from sessionfold.workers.usagebus import UsageEvent
 
 from .encoded import EncodedWindow
 from .errors import ApiError
@@ -318,16 +318,33 @@ def read_ledger(session_id: SessionId, caller: Caller, state: State,
     return LedgerOut(entries=out, next_start=start + limit if len(entries) == limit else None)
 
 
+_FOLD_DOC = """Ask the session's scheduler to look at it now: a nudge on the usage bus, as an
+append past the trigger sends. The scheduler re-reads the session from the store and enqueues a
+background fold job if the session needs one (past its trigger, not paused, not just visited to
+no effect); otherwise nothing happens. Nothing is folded on this request, and no job id is
+returned: the job, if any, is the scheduler's (watch it in Flower, or wait for the fold with the
+window's long-poll, `until=fold`).
+
+`nudged` is false when the bus was away: the nudge waits in this process's buffer, and the
+scheduler's store sweep finds a session over its trigger regardless. Without Redis (no
+`REDIS_URL` and no embedded server) there is no scheduler to ask: 503 `redis-unavailable`.
+A fold forced now, whatever the trigger, is the library's inline fold
+(`SessionHandle.fold_inline`), not this route.
+"""
+
+
 @router.post("/sessions/{session_id}/fold", status_code=202, response_model=FoldOut,
-             summary="Enqueue a fold now (trigger manual)")
+             description=_FOLD_DOC,
+             summary="Ask the scheduler to fold the session if it needs it (a nudge)")
 def fold_now(session_id: SessionId, caller: Caller, state: State) -> Any:
+    """Nudge the session's scheduler (see ``_FOLD_DOC``): a job is enqueued by the scheduler
+    if the session needs one; this route enqueues nothing itself and imports no Celery."""
     sid = store_id(caller.tenant, session_id)
-    state.store.get_session(sid)  # 404 before anything is enqueued
-    enqueue = state.enqueue()
-    try:
-        job_id = enqueue(sid, None, "manual", None)
-    except Exception as exc:  # kombu/redis errors, by whatever name the transport raises
-        raise RedisUnavailableError(f"could not enqueue the fold job: {exc}") from exc
-    return FoldOut(session_id=session_id, job_id=job_id)
+    info = state.store.get_session(sid)  # 404 before anything is published
+    if state.client.publisher is None:
+        raise RedisUnavailableError("no Redis: the scheduler is nudged over the usage bus's "
+                                    "Redis (set REDIS_URL)")
+    nudged = state.client.nudge(sid, info.revision)
+    return FoldOut(session_id=session_id, revision=info.revision, nudged=nudged)
 
 

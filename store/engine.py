@@ -15,7 +15,7 @@ Two backends:
 
 The store never reads the environment: the URL is an argument. Which URL a process uses is
 decided from its settings at the entry point (``DATABASE_URL``, else the SQLite file
-``sessionfold.db`` in the data dir: :attr:`sessionfold.workers.settings.Settings.store_url`,
+``sessionfold.db`` in the data dir: :attr:`sessionfold.runtime.settings.Settings.store_url`,
 built with :func:`default_sqlite_url`). The file's path is made absolute, so that a worker that
 forks or changes directory still opens the same file.
 """

@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 import redis
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
 
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 

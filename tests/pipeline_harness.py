@@ -34,9 +34,9 @@ from sessionfold.cli.stack import FLOWER_LOGIN_FILE
 from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.session_files import load_conversation_file
+from sessionfold.runtime.settings import Settings, env_name
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import create_store_engine
-from sessionfold.workers.settings import Settings, env_name
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "data" / "transcripts"
 DEFAULT_POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -1,12 +1,19 @@
-"""The packages' import contract, checked on the source: layers point one way, and no cycles.
+"""The packages' import contract, checked on the source: a graph of who may import whom, no cycles.
 
-    core ← store ← workers (the fold runtime) ← client ← service ← cli
+    core ← store ← runtime ← workers         (the Celery side)
+                          ← client ← service  (the service also imports runtime, store, core)
+    cli imports everything
 
-Each package may import only those to its left. On top of that:
+:data:`MAY_IMPORT` states the graph: each package may import only the packages it lists (the
+workers and the client are siblings: neither imports the other; the service never imports the
+workers). On top of that:
 
 - ``core`` is the pure engine: it imports no I/O library (no network client, no database, no
   Redis, no Celery, no sockets or subprocesses);
 - ``store`` imports, besides ``core``, only its own database libraries;
+- the runtime, the client and the service import no Celery library (:data:`CELERY_LIBRARIES`),
+  and importing the client or the service in a fresh interpreter loads none (the source check
+  sees what this package imports; the fresh interpreter sees what its libraries import too);
 - no module takes part in an import cycle.
 
 Every import counts: at the top of a module, inside a function (a lazy import is still a
@@ -16,19 +23,18 @@ package: ``pyproject.toml`` maps ``core/``, ``store/``... to ``sessionfold.*`` w
 ``package-dir``, which tools that follow the installed layout (import-linter, grimp) do not see.
 
 A second contract rides along, since it is checked the same way: below the entry points nothing
-reads the environment. Settings (``sessionfold.workers.settings``, pydantic-settings) are the one
+reads the environment. Settings (``sessionfold.runtime.settings``, pydantic-settings) are the one
 config source; only the CLI (an entry point) and the modules listed in :data:`ENVIRONMENT_READERS`,
 each for a stated reason, touch ``os.environ``.
-
-The one exception: the deprecated re-export modules that keep old public paths working for one
-release (``sessionfold.workers.client``, ``sessionfold.workers.cli``) import the module that
-replaced them, and nothing may import them.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +43,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: The layers, lowest first: the import name below ``sessionfold`` and its source folder.
-LAYERS: tuple[str, ...] = ("core", "store", "workers", "client", "service", "cli")
+#: Each package (the import name below ``sessionfold``, and its source folder) and the packages
+#: it may import besides itself.
+MAY_IMPORT: Mapping[str, frozenset[str]] = {
+    "core": frozenset(),
+    "store": frozenset({"core"}),
+    "runtime": frozenset({"core", "store"}),
+    "workers": frozenset({"core", "store", "runtime"}),
+    "client": frozenset({"core", "store", "runtime"}),
+    "service": frozenset({"core", "store", "runtime", "client"}),
+    "cli": frozenset({"core", "store", "runtime", "workers", "client", "service"}),
+}
+#: The packages, in an order where each comes after every package it may import.
+LAYERS: tuple[str, ...] = tuple(MAY_IMPORT)
+
+#: Celery and the libraries that come with it: what agents and app servers must not load.
+CELERY_LIBRARIES = frozenset({"billiard", "celery", "flower", "kombu"})
+#: The packages that import none of :data:`CELERY_LIBRARIES` (the runtime is shared with agents
+#: and the API, the client is what agents import, the service is the API).
+CELERY_FREE = frozenset({"core", "store", "runtime", "client", "service"})
 
 #: Libraries that do I/O: none of them may be imported by the engine.
 IO_LIBRARIES = frozenset({
@@ -53,19 +76,13 @@ PURE_MODULES = frozenset({"urllib.parse"})
 #: What the store may import besides ``core`` and the standard library.
 STORE_LIBRARIES = frozenset({"alembic", "pydantic", "pydantic_core", "sqlalchemy"})
 
-#: Deprecated public paths (kept for one release) and the module each re-exports.
-SHIMS: Mapping[str, str] = {
-    "sessionfold.workers.client": "sessionfold.client",
-    "sessionfold.workers.cli": "sessionfold.cli.main",
-}
-
 
 #: Modules of the packages below the CLI that may touch ``os.environ``, and why.
 ENVIRONMENT_READERS: Mapping[str, str] = {
     # prometheus_client's own protocol between the processes of a host, not configuration.
-    "sessionfold.workers.metrics": "PROMETHEUS_MULTIPROC_DIR",
+    "sessionfold.runtime.metrics": "PROMETHEUS_MULTIPROC_DIR",
     # Test hooks that must reach worker processes; unset, they do nothing.
-    "sessionfold.workers.faults": "SESSIONFOLD_TEST_* fault points",
+    "sessionfold.runtime.faults": "SESSIONFOLD_TEST_* fault points",
 }
 
 
@@ -145,14 +162,12 @@ def _breach(imp: Import) -> str | None:
     assert own is not None
     top = imp.target.split(".")[0]
     target_layer = layer_of(imp.target)
-    if imp.target in SHIMS or any(imp.target.startswith(s + ".") for s in SHIMS):
-        return f"{imp.importer} imports the deprecated {imp.target} (import {SHIMS[imp.target]})"
-    if imp.importer in SHIMS and (imp.target == SHIMS[imp.importer]
-                                  or imp.target.startswith(SHIMS[imp.importer] + ".")):
-        return None  # a deprecated path re-exporting what replaced it
     if target_layer is not None:
-        if LAYERS.index(target_layer) > LAYERS.index(own):
-            return f"{own} imports {imp.target}, a layer above it ({target_layer})"
+        allowed = MAY_IMPORT[own]
+        if target_layer != own and target_layer not in allowed:
+            may = (f"may import only {', '.join(sorted(allowed))}" if allowed
+                   else "may import no other package")
+            return f"{own} imports {imp.target}: {own} {may}, not {target_layer}"
         return None
     if top == "sessionfold" or (top in sys.stdlib_module_names and top not in IO_LIBRARIES):
         return None
@@ -164,6 +179,8 @@ def _breach(imp: Import) -> str | None:
         return f"store imports {imp.target}: it may use only core and its database libraries"
     if own == "store" and top in IO_LIBRARIES and top not in STORE_LIBRARIES:
         return f"store imports the I/O library {imp.target}"
+    if own in CELERY_FREE and top in CELERY_LIBRARIES:
+        return f"{own} imports the Celery library {imp.target}"
     return None
 
 
@@ -251,6 +268,47 @@ def test_the_packages_keep_the_import_contract() -> None:
     assert violations(REPO) == []
 
 
+#: Run in a fresh interpreter: import every module of the packages named in ``sys.argv``, then
+#: print how many were imported and which Celery modules (or modules of the workers) came in.
+_IMPORT_AND_LIST_CELERY = """
+import importlib, json, pkgutil, sys
+names = sys.argv[1:]
+for name in names:
+    package = importlib.import_module(name)
+    for found in pkgutil.walk_packages(package.__path__, name + "."):
+        importlib.import_module(found.name)
+ours = [m for m in sys.modules if m in names or m.startswith(tuple(n + "." for n in names))]
+celery = sorted(m for m in sys.modules if m.partition(".")[0] in CELERY
+                or m == "sessionfold.workers" or m.startswith("sessionfold.workers."))
+print(json.dumps({"imported": len(ours), "celery": celery}))
+"""
+
+
+def celery_loaded_by(*packages: str) -> tuple[int, list[str]]:
+    """Import every module of ``packages`` in a fresh interpreter: how many modules of theirs
+    were imported, and which Celery modules were loaded along (directly or through a library)."""
+    code = _IMPORT_AND_LIST_CELERY.replace("CELERY", repr(set(CELERY_LIBRARIES)), 1)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *packages],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer["imported"], answer["celery"]
+
+
+def test_importing_the_client_or_the_service_loads_no_celery_module() -> None:
+    # Every module of both (the app among them): what an agent or an API process imports.
+    imported, celery = celery_loaded_by("sessionfold.client", "sessionfold.service")
+    assert imported >= 20, "the client's and the service's modules were not found"
+    assert celery == []
+
+
+def test_the_fresh_interpreter_check_sees_celery_where_it_is_loaded() -> None:
+    # The Celery side loads it (kombu and billiard only through celery): the check above can
+    # fail.
+    _, celery = celery_loaded_by("sessionfold.workers")
+    assert {"celery", "kombu", "billiard", "sessionfold.workers.celery_app"} <= set(celery)
+
+
 def test_nothing_below_the_entry_points_reads_the_environment() -> None:
     assert environment_reads(REPO) == []
 
@@ -268,9 +326,7 @@ def test_every_package_of_the_contract_is_one_pyproject_maps() -> None:
 
 
 def _tree(tmp_path: Path, files: Mapping[str, str]) -> Path:
-    for rel, text in {"core/__init__.py": "", "store/__init__.py": "",
-                      "workers/__init__.py": "", "client/__init__.py": "",
-                      "cli/__init__.py": "", **files}.items():
+    for rel, text in {**{f"{layer}/__init__.py": "" for layer in LAYERS}, **files}.items():
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -281,9 +337,13 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "core/engine.py": "import json\nfrom pydantic import BaseModel\n",
         "store/db.py": "import sqlalchemy\nfrom sessionfold.core.engine import x\n",
-        "workers/run.py": "import redis\nfrom sessionfold.store.db import y\n",
-        "client/api.py": "from sessionfold.workers import run\n",
-        "cli/main.py": "from sessionfold.client.api import z\nfrom . import helper\n",
+        "runtime/fold.py": "import redis\nfrom sessionfold.store.db import y\n",
+        "workers/app.py": "import celery\nfrom sessionfold.runtime import fold\n",
+        "client/api.py": "from sessionfold.runtime import fold\n",
+        "service/routes.py": "import fastapi\nfrom sessionfold.client.api import z\n"
+                             "from sessionfold.runtime.fold import w\n",
+        "cli/main.py": "from sessionfold.workers.app import a\n"
+                       "from sessionfold.service import routes\nfrom . import helper\n",
         "cli/helper.py": "import subprocess\n",
     })
     assert violations(root) == []
@@ -291,25 +351,40 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("files", "expected"), [
     ({"core/engine.py": "from sessionfold.store import SessionStore\n"},
-     "core imports sessionfold.store, a layer above it"),
+     "core imports sessionfold.store: core may import no other package, not store"),
     ({"core/engine.py": "def f():\n    import redis\n"}, "core imports the I/O library redis"),
     ({"core/engine.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                        "    from sessionfold.workers.run import x\n"},
-     "core imports sessionfold.workers.run, a layer above it"),
+                        "    from sessionfold.runtime.fold import x\n"},
+     "core imports sessionfold.runtime.fold: core may import no other package"),
     ({"store/db.py": "import celery\n"}, "store imports celery"),
-    ({"store/db.py": "from sessionfold.workers import keys\n"},
-     "store imports sessionfold.workers, a layer above it"),
-    ({"workers/run.py": "def f():\n    from sessionfold.client import connect\n"},
-     "workers imports sessionfold.client, a layer above it"),
-    ({"workers/run.py": "from ..cli import main\n"},
-     "workers imports sessionfold.cli, a layer above it"),
+    ({"store/db.py": "from sessionfold.runtime import keys\n"},
+     "store imports sessionfold.runtime: store may import only core, not runtime"),
+    ({"runtime/fold.py": "def f():\n    from sessionfold.workers import tasks\n"},
+     "runtime imports sessionfold.workers: runtime may import only core, store, not workers"),
+    ({"runtime/fold.py": "from ..client import connect\n"},
+     "runtime imports sessionfold.client: runtime may import only core, store, not client"),
+    # The two sides on top of the runtime are siblings: neither imports the other.
+    ({"workers/app.py": "def f():\n    from sessionfold.client import connect\n"},
+     "workers imports sessionfold.client: workers may import only core, runtime, store"),
+    ({"client/api.py": "from sessionfold.workers.celery_app import make_celery\n"},
+     "client imports sessionfold.workers.celery_app: client may import only core, runtime, "
+     "store, not workers"),
+    ({"service/state.py": "def enqueue():\n    from sessionfold.workers import celery_app\n"},
+     "service imports sessionfold.workers: service may import only client, core, runtime, "
+     "store, not workers"),
     ({"workers/run.py": "import sessionfold.service.api\n"},
-     "workers imports sessionfold.service.api, a layer above it"),
+     "workers imports sessionfold.service.api: workers may import only core, runtime, store"),
     ({"client/api.py": "from sessionfold.cli.main import main\n"},
-     "client imports sessionfold.cli.main, a layer above it"),
-    ({"cli/main.py": "from sessionfold.workers.client import connect\n",
-      "workers/client.py": "from sessionfold.client import connect\n"},
-     "imports the deprecated sessionfold.workers.client"),
+     "client imports sessionfold.cli.main"),
+    # Celery's libraries stay on the Celery side, however they are reached for.
+    ({"runtime/fold.py": "from billiard.exceptions import SoftTimeLimitExceeded\n"},
+     "runtime imports the Celery library billiard.exceptions"),
+    ({"client/api.py": "def f():\n    import kombu\n"},
+     "client imports the Celery library kombu"),
+    ({"service/app.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                        "    from celery import Celery\n"},
+     "service imports the Celery library celery"),
+    ({"service/ops.py": "import flower.utils\n"}, "service imports the Celery library flower"),
 ])
 def test_the_checker_finds_each_kind_of_breach(tmp_path: Path, files: dict[str, str],
                                                expected: str) -> None:
@@ -325,14 +400,6 @@ def test_the_checker_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None
     assert violations(root) == [
         "import cycle: sessionfold.workers.app -> sessionfold.workers.tasks -> "
         "sessionfold.workers.app"]
-
-
-def test_a_deprecated_path_may_reexport_what_replaced_it(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "client/api.py": "",
-        "workers/client.py": "from sessionfold.client import api\n",
-    })
-    assert violations(root) == []
 
 
 def test_the_environment_check_finds_a_store_reading_a_variable(tmp_path: Path) -> None:

@@ -1,10 +1,10 @@
 """A plain (non-editable) install ships every module and data file, and its CLI runs.
 
 The rest of the suite runs against the editable install, whose import hook maps ``core/``,
-``store/``, ``workers/``, ``client/``, ``service/`` and ``cli/`` to ``sessionfold.*`` whatever
-``pyproject.toml`` lists; a wheel holds only what the packaging metadata names. So this builds a
-wheel from a clean copy of the work tree, checks its contents against the files on disk,
-installs it into a new virtualenv and runs it from there.
+``store/``, ``runtime/``, ``workers/``, ``client/``, ``service/`` and ``cli/`` to
+``sessionfold.*`` whatever ``pyproject.toml`` lists; a wheel holds only what the packaging
+metadata names. So this builds a wheel from a clean copy of the work tree, checks its contents
+against the files on disk, installs it into a new virtualenv and runs it from there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"core": "sessionfold/core", "store": "sessionfold/store",
-            "workers": "sessionfold/workers", "client": "sessionfold/client",
+            "runtime": "sessionfold/runtime", "workers": "sessionfold/workers",
+            "client": "sessionfold/client",
             "service": "sessionfold/service", "cli": "sessionfold/cli"}
 #: Non-Python files a package needs at run time (alembic templates, the bundled example).
 DATA_PATTERNS = ("py.typed", "examples/*.json", "**/*.mako", "**/*.ini")
@@ -78,9 +79,10 @@ def test_the_wheel_holds_every_module_and_data_file(source: Path, wheel: Path) -
     expected = _expected_files(source)
     # The files this project cannot work without, whatever else is on disk.
     assert {"sessionfold/core/messages.py", "sessionfold/cli/main.py",
-            "sessionfold/client/connection.py", "sessionfold/workers/providers/anthropic.py",
+            "sessionfold/client/connection.py", "sessionfold/runtime/providers/anthropic.py",
             "sessionfold/core/py.typed", "sessionfold/store/py.typed",
-            "sessionfold/workers/py.typed", "sessionfold/client/py.typed",
+            "sessionfold/runtime/py.typed", "sessionfold/workers/py.typed",
+            "sessionfold/client/py.typed", "sessionfold/workers/usage_consumer.py",
             "sessionfold/cli/py.typed",
             "sessionfold/cli/examples/ops-incident-acct-8842.json"} <= expected
     with zipfile.ZipFile(wheel) as zf:
@@ -129,14 +131,14 @@ def _run(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[st
 
 def test_the_installed_packages_import_from_the_wheel(installed: Path, tmp_path: Path) -> None:
     code = ("import importlib, sys\n"
-            "for name in ('sessionfold.core', 'sessionfold.store', 'sessionfold.workers',"
-            " 'sessionfold.client', 'sessionfold.service', 'sessionfold.cli.main',"
-            " 'sessionfold.core.messages'):\n"
+            "for name in ('sessionfold.core', 'sessionfold.store', 'sessionfold.runtime',"
+            " 'sessionfold.workers', 'sessionfold.client', 'sessionfold.service',"
+            " 'sessionfold.cli.main', 'sessionfold.core.messages'):\n"
             "    print(importlib.import_module(name).__file__)\n")
     proc = _run(installed, str(installed / "python"), "-c", code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     files = proc.stdout.split()
-    assert len(files) == 7
+    assert len(files) == 8
     venv = installed.parent.resolve()
     for f in files:
         assert Path(f).resolve().is_relative_to(venv), f"{f} is not the wheel's copy"

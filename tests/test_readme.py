@@ -4,9 +4,9 @@
   named, and every command line in its shell blocks parses (flags included); every ``make X`` is
   a Makefile target.
 - The environment table lists exactly the fields of
-  :class:`~sessionfold.workers.settings.Settings`, in order, with their real defaults; the
+  :class:`~sessionfold.runtime.settings.Settings`, in order, with their real defaults; the
   FoldPolicy table likewise. Every ``SESSIONFOLD_*`` name it mentions is a setting.
-- The metrics it names are exported by :class:`~sessionfold.workers.metrics.Metrics`, and every
+- The metrics it names are exported by :class:`~sessionfold.runtime.metrics.Metrics`, and every
   exported metric is named.
 - Every local link and image exists, and every ``#anchor`` is a heading.
 - Every number in the benchmark section is in ``bench/RESULTS.md``, and the benchmarks it calls
@@ -141,7 +141,7 @@ def shown_policy_default(field: Any) -> str:
 
 def settings_rows() -> list[tuple[str, str]]:
     """``(variable, default)`` for every Settings field, in declaration order."""
-    from sessionfold.workers.settings import Settings, env_name
+    from sessionfold.runtime.settings import Settings, env_name
 
     return [(env_name(name), shown_setting_default(field.default))
             for name, field in Settings.model_fields.items()]
@@ -302,7 +302,7 @@ def test_every_sessionfold_variable_mentioned_is_a_setting() -> None:
 def exported_metrics() -> tuple[set[str], set[str]]:
     """(names a query may use, the one name per metric the README must show)."""
     from prometheus_client import CollectorRegistry
-    from sessionfold.workers.metrics import Metrics
+    from sessionfold.runtime.metrics import Metrics
 
     registry = CollectorRegistry()
     Metrics(registry)
@@ -428,11 +428,11 @@ def embedded_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_python_examples_run(embedded_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sessionfold.cli.standin.fakeprovider import FakeProvider
     from sessionfold.client import SessionHandle
+    from sessionfold.runtime.keys import Keys
+    from sessionfold.runtime.redis_conn import EmbeddedRedis, redis_client
+    from sessionfold.runtime.settings import Settings
+    from sessionfold.runtime.usage import FIELD, FOLD_FIELD, UsageEvent
     from sessionfold.store import SessionStore
-    from sessionfold.workers.keys import Keys
-    from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
-    from sessionfold.workers.settings import Settings
-    from sessionfold.workers.usagebus import FIELD, FOLD_FIELD, UsageEvent
 
     examples = python_examples()
     assert len(examples) >= 3

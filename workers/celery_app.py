@@ -2,7 +2,7 @@
 
 ``make_celery(settings)`` builds the app on the broker the settings name: ``SESSIONFOLD_BROKER_URL``
 (a standalone Redis, or RabbitMQ at ``amqp://``), else the standalone ``REDIS_URL`` (or the
-embedded server's, see :func:`~sessionfold.workers.wiring.redis_url_for`), configured for the
+embedded server's, see :func:`~sessionfold.runtime.wiring.redis_url_for`), configured for the
 way fold jobs fail::
 
     app = make_celery(settings, redis_url=url)
@@ -67,17 +67,18 @@ from celery.signals import (  # type: ignore[import-untyped]
 from kombu.entity import Queue
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.tokens import load_encoding
+from sessionfold.runtime.collector import freeze_startup_objects
+from sessionfold.runtime.keys import FOLD_QUEUE, Keys
+from sessionfold.runtime.metrics import mark_process_dead
+from sessionfold.runtime.redis_conn import is_cluster_url
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.wiring import open_redis
 
 from . import tasks
 from .broker import Transport as SharedClientTransport
 from .broker import uses_shared_client
-from .keys import FOLD_QUEUE, Keys
-from .metrics import mark_process_dead
-from .redis_conn import is_cluster_url
-from .runtime import WorkerRuntime, freeze_startup_objects, register_runtime, runtime_of
-from .settings import Settings
+from .runtime import WorkerRuntime, register_runtime, runtime_of
 from .tasks import FOLD_TASK
-from .wiring import open_redis
 
 if TYPE_CHECKING:
     from .scheduler import Enqueue

@@ -23,11 +23,11 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
-from .keys import Keys
-from .redis_conn import RedisClient, mapped_errors
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import RedisClient, mapped_errors
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from sessionfold.runtime.settings import Settings
 
 __all__ = ["FoldLock"]
 

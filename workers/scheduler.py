@@ -15,7 +15,7 @@ to the others when its leases expire, its unacknowledged entries taken over with
 One batch, top to bottom (:meth:`Scheduler.run_once`):
 
 1. Read up to ``scheduler_batch_size`` usage events from the stream's consumer group (entries a
-   dead scheduler left pending are reclaimed first; see :mod:`.usagebus`).
+   dead scheduler left pending are reclaimed first; see :mod:`.usage_consumer`).
 2. Keep the newest event per session, by ``(revision, seq)``
    (:func:`~sessionfold.core.tokens.supersedes`), and check it against the session's *gate*
    (:class:`~sessionfold.store.results.SessionGate`: paused, trigger, size, incarnation; read
@@ -59,11 +59,11 @@ One batch, top to bottom (:meth:`Scheduler.run_once`):
 5. Acknowledge the entries. A failure before this point leaves them pending: they are reclaimed
    and acted on again, which is harmless (steps 2–4 are idempotent).
 
-The stream also carries agents' inline folds (:class:`~sessionfold.workers.usagebus.FoldEvent`):
+The stream also carries agents' inline folds (:class:`~sessionfold.runtime.usage.FoldEvent`):
 the scheduler that reads one counts it into its metrics (``folds_total{trigger="overflow"}``…)
 and acknowledges it at once, so each is counted by exactly one scheduler.
 
-It also carries nudges (:class:`~sessionfold.workers.usagebus.NudgeEvent`): an agent's append
+It also carries nudges (:class:`~sessionfold.runtime.usage.NudgeEvent`): an agent's append
 took a session past its trigger, or its policy or pause changed. After the batch's usage
 events, the scheduler takes each nudged session once (nudges are deduplicated per batch)
 through the same step 4 as a report past the trigger: the fold lock, one fresh read of the
@@ -122,16 +122,17 @@ from typing import Protocol
 from sessionfold.core.errors import SessionfoldError, SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import supersedes
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics, metrics
+from sessionfold.runtime.redis_conn import RedisClient, is_cluster, mapped_errors
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import FoldEvent, NudgeEvent, UsageEvent
 from sessionfold.store.results import PruneReport, SessionGate, SessionInfo, UsageReport
 from sessionfold.store.store import SessionStore
 
-from .keys import Keys
 from .locks import FoldLock
-from .metrics import Metrics, metrics
 from .partitions import PartitionLeases
-from .redis_conn import RedisClient, is_cluster, mapped_errors
-from .settings import Settings
-from .usagebus import FoldEvent, NudgeEvent, StreamEntry, UsageConsumer, UsageEvent
+from .usage_consumer import StreamEntry, UsageConsumer
 
 __all__ = ["BatchStats", "Enqueue", "Scheduler", "install_signal_handlers", "skip_reason"]
 

@@ -14,10 +14,10 @@
    the count it keeps is of the redeliveries: a first delivery costs no round trip for it. (The
    store's count of abandoned claims, below, caps folds that keep dying while they hold the
    claim, whatever the flag says.)
-2. Run the shared fold procedure (:func:`~sessionfold.workers.fold_procedure.run_fold`): claim in
+2. Run the shared fold procedure (:func:`~sessionfold.runtime.fold_procedure.run_fold`): claim in
    the store (a redelivery of a committed job, a duplicate, or a job overtaken by a newer claim
    stops here, before any summarizer call), fold, commit. The summarizer is the worker's guarded
-   one (:mod:`~sessionfold.workers.summarizer_guard`): each call holds a global slot, and a
+   one (:mod:`~sessionfold.runtime.summarizer_guard`): each call holds a global slot, and a
    session past its spend cap folds with the free layers only. The spend is counted per session
    *incarnation* (checked once the claim names it): a session deleted and created again under the
    same id starts at 0.
@@ -55,15 +55,16 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
+from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
 from sessionfold.core.window import Trigger
+from sessionfold.runtime.faults import fault_point
+from sessionfold.runtime.fold_procedure import FoldJob, FoldReport, run_fold, store_job_id
+from sessionfold.runtime.metrics import metrics
+from sessionfold.runtime.prices import summarizer_cost_usd
+from sessionfold.runtime.redis_conn import mapped_errors
 
-from .faults import fault_point
-from .fold_procedure import FoldJob, FoldReport, run_fold, store_job_id
 from .locks import FoldLock
-from .metrics import metrics
-from .prices import summarizer_cost_usd
-from .redis_conn import mapped_errors
 from .runtime import WorkerRuntime, runtime_of
 
 __all__ = ["FOLD_TASK", "fold_session", "register", "retry_countdown"]
@@ -229,8 +230,11 @@ def _after_own_lease(task: Any, runtime: WorkerRuntime, job: FoldJob, report: Fo
 
 
 def _fold(runtime: WorkerRuntime, job: FoldJob) -> FoldReport:
-    """Run the shared procedure with this worker's guarded summarizer (slots, spend cap)."""
-    return run_fold(runtime.store, runtime.summarizer, job, pricing=runtime.pricing)
+    """Run the shared procedure with this worker's guarded summarizer (slots, spend cap); the
+    soft time limit ends the visit as the procedure's ``out_of_time`` (a recorded visit, a
+    retry)."""
+    return run_fold(runtime.store, runtime.summarizer, job, pricing=runtime.pricing,
+                    out_of_time=(SoftTimeLimitExceeded,))
 
 
 def _give_up(runtime: WorkerRuntime, job: FoldJob, deliveries: int, reason: str) -> FoldReport:

@@ -42,8 +42,8 @@ from typing import Any, Literal
 from sessionfold.cli.replay import wait_settled
 from sessionfold.client import Client, SessionHandle, connect
 from sessionfold.core.errors import ContextOverflowError
+from sessionfold.runtime.settings import Settings
 from sessionfold.workers.celery_app import make_celery
-from sessionfold.workers.settings import Settings
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer

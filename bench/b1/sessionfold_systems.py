@@ -39,7 +39,7 @@ from sessionfold.core.compact import FoldResult, fold_window
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldEdit, Trigger, WindowItem
-from sessionfold.workers.providers.anthropic import AnthropicSummarizer
+from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer

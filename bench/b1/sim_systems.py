@@ -8,13 +8,13 @@ product's own, and only the transport is simulated:
 - the agent is a :class:`~sessionfold.client.SessionHandle` (``call(fn)`` with the recall tool,
   ``append``), on a SQLite :class:`~sessionfold.store.SessionStore`;
 - the usage bus is a publisher that hands each event straight to what the scheduler does with
-  it: a :class:`~sessionfold.workers.usagebus.UsageEvent` is written with
+  it: a :class:`~sessionfold.runtime.usage.UsageEvent` is written with
   ``apply_usage_batch([_report(event)])`` (the scheduler's own conversion) and a
-  :class:`~sessionfold.workers.usagebus.NudgeEvent` only asks; either way the session is then
+  :class:`~sessionfold.runtime.usage.NudgeEvent` only asks; either way the session is then
   judged by :func:`sessionfold.workers.scheduler.skip_reason` on a fresh read, one job at a
   time per session (the fold lock);
-- a job is :func:`sessionfold.workers.fold_procedure.run_fold`, priced with
-  :func:`sessionfold.workers.prices.fold_pricing`, on a thread of its own. It claims the session
+- a job is :func:`sessionfold.runtime.fold_procedure.run_fold`, priced with
+  :func:`sessionfold.runtime.prices.fold_pricing`, on a thread of its own. It claims the session
   and reads the window at once (when the scheduler decided); its first summarizer call is held
   until the agent is about to make call N + 1 + ``lag`` (N: the call whose report or append asked
   for it), then released, and the fold commits under compare-and-set onto a window the agent
@@ -43,12 +43,12 @@ from sessionfold.client import Client, SessionHandle
 from sessionfold.core.errors import BudgetExceededError, ContextOverflowError
 from sessionfold.core.messages import Message
 from sessionfold.core.summarizers import Summarizer, Summary
-from sessionfold.workers.fold_procedure import FoldJob, FoldReport, run_fold
-from sessionfold.workers.prices import fold_pricing
+from sessionfold.runtime.fold_procedure import FoldJob, FoldReport, run_fold
+from sessionfold.runtime.prices import fold_pricing
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import Event, NudgeEvent, UsageEvent
+from sessionfold.runtime.wiring import open_store
 from sessionfold.workers.scheduler import _report, skip_reason
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import Event, NudgeEvent, UsageEvent
-from sessionfold.workers.wiring import open_store
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer

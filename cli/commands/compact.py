@@ -55,7 +55,7 @@ from sessionfold.core.summarizers import DEFAULT_MODEL, ExtractiveSummarizer, Su
 from sessionfold.core.window import Refusal, WindowItem
 
 if TYPE_CHECKING:
-    from sessionfold.workers.providers.anthropic import AnthropicSummarizer
+    from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 
 __all__ = ["DEFAULT_BUDGET", "register"]
 
@@ -287,6 +287,6 @@ def _distinct_refusals(refusals: Sequence[Refusal]) -> list[tuple[str, int, int]
 def _anthropic_summarizer() -> type[AnthropicSummarizer]:
     # Imported on use: the anthropic SDK takes about a second to import, which every other
     # invocation of the command would pay for nothing.
-    from sessionfold.workers.providers.anthropic import AnthropicSummarizer
+    from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 
     return AnthropicSummarizer

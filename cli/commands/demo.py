@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 
 from rich.console import Console
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 from ..demo import DemoOptions, run_demo
 

@@ -16,9 +16,9 @@ import argparse
 import sys
 
 from sessionfold.core.errors import InvalidInputError
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.wiring import open_store
 from sessionfold.service.auth import create_key
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.wiring import open_store
 
 __all__ = ["register"]
 

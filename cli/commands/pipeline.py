@@ -31,14 +31,14 @@ from sessionfold.core.errors import (
     InvalidInputError,
     SessionNotFoundError,
 )
+from sessionfold.runtime.collector import freeze_startup_objects
+from sessionfold.runtime.exporter import start_host_metrics
+from sessionfold.runtime.keys import FOLD_QUEUE, Keys
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings, redact_url
+from sessionfold.runtime.wiring import open_store, redis_url_for
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.exporter import start_host_metrics
-from sessionfold.workers.keys import FOLD_QUEUE, Keys
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.runtime import freeze_startup_objects
 from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
-from sessionfold.workers.settings import Settings, redact_url
-from sessionfold.workers.wiring import open_store, redis_url_for
 
 from ..replay import ReplayOptions, format_table, load_files, replay
 from ..stack import (

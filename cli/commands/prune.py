@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import logging
 
+from sessionfold.runtime.settings import Settings, env_name
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import normalize_url
 from sessionfold.store.pruning import MAX_PRUNE_BATCH
-from sessionfold.workers.settings import Settings, env_name
 
 __all__ = ["register"]
 

@@ -24,9 +24,9 @@ import logging
 import sys
 
 from sessionfold.client.recall import RecallRequest, answer, parse_seq
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import normalize_url
-from sessionfold.workers.settings import Settings
 
 __all__ = ["register"]
 

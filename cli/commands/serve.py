@@ -29,8 +29,8 @@ import sys
 from typing import Any
 
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.workers.settings import Settings, env_name, redact_url
-from sessionfold.workers.wiring import open_store
+from sessionfold.runtime.settings import Settings, env_name, redact_url
+from sessionfold.runtime.wiring import open_store
 
 __all__ = ["app_from_env", "register"]
 

@@ -7,7 +7,7 @@
     sessionfold inspect agent-7               # the window for a person, with fold seams
     sessionfold reindex                       # index ledgers written before the search index
 
-All four use the store every other entry point uses (:attr:`~sessionfold.workers.settings.
+All four use the store every other entry point uses (:attr:`~sessionfold.runtime.settings.
 Settings.store_url`): ``DATABASE_URL``, else the SQLite file ``<data dir>/sessionfold.db``
 (``SESSIONFOLD_DATA_DIR``, default ``./.sessionfold``). ``--database-url`` overrides both.
 
@@ -31,10 +31,10 @@ import logging
 import os
 import sys
 
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import normalize_url
 from sessionfold.store.search import MAX_REINDEX_BATCH
-from sessionfold.workers.settings import Settings
 
 __all__ = ["register"]
 

@@ -30,12 +30,13 @@ from sessionfold.client import SessionHandle
 from sessionfold.core.frame import frame_info
 from sessionfold.core.messages import parse_message
 from sessionfold.core.retention import mentions
+from sessionfold.core.usage import read_usage
 
 from ..standin.fakeprovider import FakeProvider
 from ..standin.opsagent import LateQuestion
 from .agents import AgentScript
 
-__all__ = ["AgentRun", "CallTrace", "QuestionCheck", "check_question", "drive", "prompt_tokens"]
+__all__ = ["AgentRun", "CallTrace", "QuestionCheck", "check_question", "drive"]
 
 
 @dataclass(frozen=True)
@@ -112,15 +113,6 @@ class AgentRun:
         return self.calls[-1] if self.calls else None
 
 
-def prompt_tokens(usage: Any) -> int:
-    """The whole prompt of a call from its usage: input plus cache reads and cache writes."""
-    total = 0
-    for name in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-        value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
-        total += int(value or 0)
-    return total
-
-
 def drive(handle: SessionHandle, run: AgentRun, provider: FakeProvider,
           stop: threading.Event) -> None:
     """Play ``run.script`` through ``handle`` (see the module doc); ends early when ``stop`` is set.
@@ -161,7 +153,7 @@ def _one_call(handle: SessionHandle, run: AgentRun, provider: FakeProvider, inde
     without = provider.count_tokens({"system": run.script.conversation.system,
                                      "messages": ledger})
     run.calls.append(CallTrace(turn=len(run.calls) + 1, seq=index, started_at=started,
-                               wire_tokens=prompt_tokens(response.usage),
+                               wire_tokens=read_usage(response.usage).prompt,
                                ledger_tokens=without))
     if question is not None and sent:
         run.questions.append(check_question(question, sent[-1], ledger))

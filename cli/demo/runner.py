@@ -30,7 +30,7 @@ from rich.live import Live
 from sessionfold.client import Client, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 from ..replay import wait_settled
 from ..stack import Stack, StackOptions

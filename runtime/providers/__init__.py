@@ -5,5 +5,5 @@ network API, for the fold runtime.
   ``anthropic`` SDK.
 
 Nothing is imported here: a provider's SDK is loaded only by the runtime that uses it (see
-:func:`sessionfold.workers.wiring.make_summarizer`).
+:func:`sessionfold.runtime.wiring.make_summarizer`).
 """

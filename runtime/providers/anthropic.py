@@ -4,7 +4,7 @@ A provider of the fold runtime, not of the engine: :mod:`sessionfold.core` stays
 network client), keeps the :class:`~sessionfold.core.summarizers.Summarizer` protocol and the
 offline summarizer, and this module implements the protocol over the network. Importing it pays
 for importing the SDK (over a second), so the runtime imports it only when the settings name it
-(:func:`sessionfold.workers.wiring.make_summarizer`).
+(:func:`sessionfold.runtime.wiring.make_summarizer`).
 
 The transcript goes between markers carrying a random per-call nonce, and the instruction names
 what is between them as material to summarize, never to obey: transcript text cannot close the
@@ -28,11 +28,14 @@ import anthropic
 import httpx2
 from sessionfold.core.errors import (
     InvalidInputError,
+    InvalidUsageError,
     PermanentSummarizerError,
     TransientSummarizerError,
+    UsageUnmeasurableError,
 )
 from sessionfold.core.messages import Message
 from sessionfold.core.summarizers import DEFAULT_MODEL, Summary, render_transcript
+from sessionfold.core.usage import read_usage
 from sessionfold.core.window import SummarizerUsage
 
 __all__ = ["AnthropicSummarizer"]
@@ -232,14 +235,26 @@ class AnthropicSummarizer:
 
 
 def _usage(response: anthropic.types.Message, fallback_model: str) -> SummarizerUsage:
-    u = response.usage
+    """What the call cost, read by the one strict reader of provider usage
+    (:func:`~sessionfold.core.usage.read_usage`; the SDK's typed object is read like any report).
+
+    A count the reader refuses (not a whole number >= 0, or past any context window) makes the
+    call a permanent failure naming the field: a summary whose cost cannot be counted is not
+    committed on a guess, and a malformed answer is not worth retrying.
+    """
+    try:
+        tokens = read_usage(response.usage, "anthropic")
+    except (InvalidUsageError, UsageUnmeasurableError) as exc:
+        raise PermanentSummarizerError(
+            f"the summarizer model {fallback_model} answered with an unreadable usage report: "
+            f"{exc}") from exc
     return SummarizerUsage(
         model=response.model or fallback_model,
         calls=1,
-        input_tokens=u.input_tokens or 0,
-        output_tokens=u.output_tokens or 0,
-        cache_read_input_tokens=u.cache_read_input_tokens or 0,
-        cache_creation_input_tokens=u.cache_creation_input_tokens or 0,
+        input_tokens=tokens.uncached,
+        output_tokens=tokens.output,
+        cache_read_input_tokens=tokens.cache_read,
+        cache_creation_input_tokens=tokens.cache_write_5m + tokens.cache_write_1h,
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sessionfold.core.messages import parse_messages
 from sessionfold.core.summarizers import render_transcript
-from sessionfold.workers.providers.anthropic import AnthropicSummarizer
+from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))

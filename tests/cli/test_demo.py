@@ -36,8 +36,8 @@ from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import mentions
 from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.window import RefusalReason
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
-from sessionfold.workers.settings import Settings
 
 AGENTS, TURNS, BUDGET = 2, 40, 8000
 #: The real agent transcripts shipped as test data, ``<repo>/tests/data/transcripts``.

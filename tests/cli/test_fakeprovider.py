@@ -14,7 +14,7 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault, ToolUse
 from sessionfold.core.retention import check_retention, extract_identifiers
 from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.tokens import default_counter
-from sessionfold.workers.providers.anthropic import AnthropicSummarizer
+from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 

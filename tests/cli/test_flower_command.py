@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sessionfold.cli.stack import Stack, StackOptions, check_flower_exposure
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

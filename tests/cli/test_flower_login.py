@@ -18,7 +18,7 @@ from sessionfold.cli.stack import (
     flower_login,
     free_port,
 )
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 
 def test_a_login_is_made_kept_private_and_given_to_flower(tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ from sessionfold.cli.main import main
 from sessionfold.cli.replay import ReplayOptions, format_table, replay
 from sessionfold.client import connect
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
-from sessionfold.workers.settings import Settings
 
 # Two runs of different shape (the suite stays quick): one with an 868 K-character tool output,
 # and an ordinary one.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sessionfold.cli.stack import StackOptions, free_port, port_or_free, settings_environ
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.workers.settings import ENV_PREFIX, Settings
+from sessionfold.runtime.settings import ENV_PREFIX, Settings
 
 _PLAIN = ("REDIS_URL", "DATABASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
 

@@ -21,10 +21,10 @@ from sessionfold.client import (
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError, SessionNotFoundError
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.fold_procedure import FoldJob, run_fold
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent
 
 POLICY = FoldPolicy(budget_tokens=8000)
 

@@ -21,7 +21,7 @@ CHILD = textwrap.dedent("""
     import os, sys, time
     from sessionfold.core.policy import FoldPolicy
     from sessionfold.client import connect
-    from sessionfold.workers.settings import Settings
+    from sessionfold.runtime.settings import Settings
     data_dir, redis_url, prefix, gate = sys.argv[1:5]
     settings = Settings(data_dir=data_dir, redis_url=redis_url, key_prefix=prefix,
                         database_url=None, summarizer="offline", anthropic_api_key=None)

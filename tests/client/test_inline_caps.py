@@ -16,13 +16,13 @@ from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
 from sessionfold.core.window import SummarizerUsage
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.prices import summarizer_cost_usd
-from sessionfold.workers.providers.anthropic import AnthropicSummarizer
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.slots import SummarizerSlots
-from sessionfold.workers.spend import SpendCap
-from sessionfold.workers.wiring import open_redis, open_store, usage_publisher
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.prices import summarizer_cost_usd
+from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.slots import SummarizerSlots
+from sessionfold.runtime.spend import SpendCap
+from sessionfold.runtime.wiring import open_redis, open_store, usage_publisher
 
 SID = "agent-capped"
 POLICY = FoldPolicy(budget_tokens=8000)

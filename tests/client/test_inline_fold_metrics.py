@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.client import Client, connect
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.metrics import Metrics
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent
 from sessionfold.workers.scheduler import Scheduler
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent
 
 pytestmark = pytest.mark.redis
 

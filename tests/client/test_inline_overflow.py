@@ -23,8 +23,8 @@ from sessionfold.core.errors import ContextOverflowError
 from sessionfold.core.messages import Message
 from sessionfold.core.overflow import is_context_overflow
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.settings import Settings
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.settings import Settings
 
 SID = "agent-overflow"
 #: A budget past the stand-in's context window: the guard leaves the request whole (it is under

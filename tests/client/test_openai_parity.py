@@ -16,8 +16,8 @@ from sessionfold.client.shapes import HeldAppend, detect_shape
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError, ToolPairingError
 from sessionfold.core.openai_shape import from_openai
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.fold_procedure import FoldJob, run_fold
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold
+from sessionfold.runtime.settings import Settings
 
 SYSTEM = "You are the on-call agent. Cite ticket ids."
 POLICY = FoldPolicy(budget_tokens=8000, keep_recent_turns=2)

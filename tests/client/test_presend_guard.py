@@ -20,9 +20,9 @@ from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import count_text, default_counter
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent
 
 SID = "agent-guarded"
 SYSTEM = "You fix bugs in the billing service."

@@ -15,8 +15,8 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider, ToolUse
 from sessionfold.client import AsyncClient, Client, SessionHandle, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.fold_procedure import FoldJob, run_fold
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold
+from sessionfold.runtime.settings import Settings
 
 ACCOUNT = "ACCT-90417"
 PLANTED = f"billing_account = {ACCOUNT}  # the account this agent reconciles"

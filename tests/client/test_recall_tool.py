@@ -35,8 +35,8 @@ from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.searchtext import searchable_text
 from sessionfold.core.tokens import count_text
+from sessionfold.runtime.metrics import RECALL_KINDS, RECALL_OUTCOMES
 from sessionfold.store import SessionStore
-from sessionfold.workers.metrics import RECALL_KINDS, RECALL_OUTCOMES
 
 # --- the definitions ---------------------------------------------------------------------------
 

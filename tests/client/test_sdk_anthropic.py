@@ -26,7 +26,7 @@ from sessionfold.client.sdk import ReplyNotRecordedError
 from sessionfold.core.errors import ContextOverflowError, SessionNotFoundError, StoreError
 from sessionfold.core.messages import parse_message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 SYSTEM = "You are the billing operations agent."
 TOOLS: Any = [{"name": "bash", "description": "Run a shell command.",

@@ -27,7 +27,7 @@ from sessionfold.core.messages import Conversation
 from sessionfold.core.openai_shape import from_openai
 from sessionfold.core.openai_write import to_openai
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 SYSTEM = "You are the billing operations agent."
 TOOLS: Any = [{"type": "function", "function": {

@@ -12,7 +12,7 @@ import pytest
 from sessionfold.core.errors import InvalidUsageError, UsageUnmeasurableError
 from sessionfold.core.tokens import MAX_REPORTED_TOKENS, reported_prompt_tokens
 from sessionfold.core.usage import CallTokens, read_usage, usage_shape
-from sessionfold.workers.usagebus import UsageEvent
+from sessionfold.runtime.usage import UsageEvent
 
 #: What a JSON body can carry where a count belongs, and is not one.
 NOT_COUNTS = ["abc", "12", [1], {}, math.nan, math.inf, -math.inf, float("1e400"), True, False,

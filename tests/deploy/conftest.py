@@ -7,7 +7,7 @@ files to it:
 
 - ``parse_cli(argv)``: parses argv with the real ``sessionfold`` parser
   (:func:`sessionfold.cli.main.build_parser`); skips when the subcommand is not registered.
-- ``settings_env_names``: every environment variable :class:`~sessionfold.workers.settings.Settings`
+- ``settings_env_names``: every environment variable :class:`~sessionfold.runtime.settings.Settings`
   reads.
 - ``settings_from_env(env)``: builds ``Settings`` from exactly ``env`` (nothing inherited from the
   test process), so a test sees whether a container's environment is accepted.
@@ -84,10 +84,10 @@ def parse_cli(cli_parser: argparse.ArgumentParser,
 
 def _settings_class() -> Any:
     try:
-        from sessionfold.workers import settings
+        from sessionfold.runtime import settings
     except ModuleNotFoundError as exc:
-        if exc.name == "sessionfold.workers.settings":
-            pytest.skip("sessionfold.workers.settings is not written yet")
+        if exc.name == "sessionfold.runtime.settings":
+            pytest.skip("sessionfold.runtime.settings is not written yet")
         raise
     return settings.Settings
 

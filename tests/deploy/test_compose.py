@@ -212,7 +212,7 @@ def test_workers_scale_with_docker_compose_up_scale(compose: dict[str, Any]) -> 
     # hard time limit, or Docker kills folds mid-flight on every scale-down.
     grace = worker["stop_grace_period"]
     assert re.fullmatch(r"\d+s", grace)
-    from sessionfold.workers.settings import Settings
+    from sessionfold.runtime.settings import Settings
 
     assert int(grace[:-1]) > Settings.model_fields["task_time_limit_s"].default
 

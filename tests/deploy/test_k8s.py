@@ -245,7 +245,7 @@ def test_pods_run_unprivileged(owner: str, spec: dict[str, Any], dockerfile: Any
 
 
 def test_workers_get_time_to_finish_their_folds() -> None:
-    from sessionfold.workers.settings import Settings
+    from sessionfold.runtime.settings import Settings
 
     worker = _objects("Deployment")["sessionfold-worker"]
     config = _objects("ConfigMap")["sessionfold-config"]["data"]
@@ -295,9 +295,9 @@ def test_keda_scales_the_worker_deployment_on_the_redis_queue() -> None:
 def test_keda_watches_the_list_fold_jobs_are_enqueued_to(tmp_path: Path) -> None:
     """Enqueue a fold job through the package's own Celery app on an embedded Redis, with the
     manifests' settings, and look for it in the list KEDA reads."""
+    from sessionfold.runtime.redis_conn import EmbeddedRedis, redis_client
+    from sessionfold.runtime.settings import Settings
     from sessionfold.workers.celery_app import make_celery, make_enqueue, runtime_of
-    from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
-    from sessionfold.workers.settings import Settings
 
     scaled, _ = _keda()
     list_name = scaled["spec"]["triggers"][0]["metadata"]["listName"]

@@ -1,7 +1,7 @@
 """Prometheus alert rules, scrape configs and the Grafana dashboard, held to the package.
 
 Every metric an alert or a panel queries must be one that sessionfold
-(:mod:`sessionfold.workers.metrics`) or Flower exports, with the labels it selects on; every job
+(:mod:`sessionfold.runtime.metrics`) or Flower exports, with the labels it selects on; every job
 it names must be scraped. With ``promtool`` present, the rules and configs pass Prometheus' own
 checks, the alerts pass their unit tests (``deploy/prometheus/alerts.test.yml``: each fires on
 what it names and stays quiet otherwise), and the dashboard's queries parse as PromQL.
@@ -137,17 +137,17 @@ def _exported(holder: object) -> dict[str, Exported]:
 @pytest.fixture(scope="module")
 def sessionfold_metrics() -> dict[str, Exported]:
     try:
-        from sessionfold.workers import metrics
+        from sessionfold.runtime import metrics
     except ModuleNotFoundError as exc:
-        if exc.name == "sessionfold.workers.metrics":
-            pytest.skip("sessionfold.workers.metrics is not written yet")
+        if exc.name == "sessionfold.runtime.metrics":
+            pytest.skip("sessionfold.runtime.metrics is not written yet")
         raise
     from prometheus_client import CollectorRegistry
     from sessionfold.service.metrics import ApiMetrics
 
     found = _exported(metrics.Metrics(CollectorRegistry()))
     found.update(_exported(ApiMetrics(CollectorRegistry())))  # the HTTP API's (issue 13)
-    assert found, "sessionfold.workers.metrics.Metrics holds no metric: teach this test more"
+    assert found, "sessionfold.runtime.metrics.Metrics holds no metric: teach this test more"
     return found
 
 
@@ -230,7 +230,7 @@ def test_every_sessionfold_metric_queried_is_exported(
                 continue
             exported = sessionfold_metrics.get(sel.metric)
             if exported is None:
-                problems.append(f"{where}: {sel.metric} is not exported by workers/metrics.py")
+                problems.append(f"{where}: {sel.metric} is not exported by runtime/metrics.py")
                 continue
             unknown = {label for label, _, _ in sel.matchers} - exported.labels - TARGET_LABELS
             if unknown:

@@ -30,8 +30,8 @@ import pytest
 from sessionfold.cli.stack import Stack, StackOptions, free_port
 from sessionfold.cli.standin.opsagent import generate_session
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.settings import Settings
 from sessionfold.workers.celery_app import FOLD_TASK, make_celery, make_enqueue
-from sessionfold.workers.settings import Settings
 
 pytestmark = [pytest.mark.slow]
 

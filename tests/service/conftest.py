@@ -25,12 +25,12 @@ import sqlalchemy as sa
 import uvicorn
 from fastapi import FastAPI
 from sessionfold.client import Client, connect
+from sessionfold.runtime.settings import Settings
 from sessionfold.service import create_app
 from sessionfold.service.auth import create_key
 from sessionfold.service.protocol import server_options
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import create_store_engine
-from sessionfold.workers.settings import Settings
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -10,8 +10,8 @@ from typing import Any
 from conftest import LiveApi
 from prometheus_client import REGISTRY
 from sessionfold.core.openai_shape import from_openai
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold
 from sessionfold.service.tenancy import store_id
-from sessionfold.workers.fold_procedure import FoldJob, run_fold
 
 SYSTEM = "be brief"
 POLICY = {"budget_tokens": 4000, "keep_recent_turns": 1}

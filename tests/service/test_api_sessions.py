@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from conftest import LiveApi
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.usagebus import NudgeEvent
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.usage import NudgeEvent
 
 POLICY = {"budget_tokens": 4000, "keep_recent_turns": 1}
 
@@ -205,6 +205,24 @@ def test_an_append_that_crosses_the_trigger_says_so_and_nudges_the_scheduler_at_
     after = http.post("/v1/sessions/agent-1/messages", json={"messages": [user("more")]})
     assert after.json()["crossed_trigger"] is False
     assert len(nudges_of(api, redis_conn, sid)) == 1
+
+
+def test_a_fold_asked_for_over_http_nudges_the_scheduler_and_enqueues_no_job(
+        api: LiveApi, redis_conn: Any) -> None:
+    http = api.http(api.key("acme"))
+    make_session(http)
+    sid = "tenant:acme/agent-1"
+    appended = http.post("/v1/sessions/agent-1/messages", json={"messages": [user("hello")]})
+    answer = http.post("/v1/sessions/agent-1/fold")
+    assert answer.status_code == 202, answer.text
+    revision = appended.json()["revision"]
+    assert answer.json() == {"session_id": "agent-1", "revision": revision, "nudged": True}
+    # The scheduler decides (it enqueues a job if the session needs one); the API enqueued
+    # nothing itself: no Celery key under the deployment's prefix.
+    assert [(n.session_id, n.revision) for n in nudges_of(api, redis_conn, sid)] == [
+        (sid, revision)]
+    celery = Keys.from_settings(api.settings).celery_prefix()
+    assert list(redis_conn.scan_iter(match=celery + "*")) == []
 
 
 def test_an_append_to_a_paused_session_crosses_no_trigger_and_nudges_nothing(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import LiveApi
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 BODY_LIMIT = 256 * 1024
 HEAD_LIMIT = 8 * 1024

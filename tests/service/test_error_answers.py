@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from conftest import LiveApi, serving
 from sessionfold.client import Client
+from sessionfold.runtime.settings import Settings
 from sessionfold.service import create_app
 from sessionfold.store import SessionStore
-from sessionfold.workers.settings import Settings
 from test_tenancy import every_route
 
 POLICY = {"budget_tokens": 4000}

@@ -34,9 +34,9 @@ from pipeline_harness import (
 from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.client import SessionAnthropic, connect
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.settings import Settings
 from sessionfold.service.auth import create_key
 from sessionfold.store import SessionStore
-from sessionfold.workers.settings import Settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "typescript"
 

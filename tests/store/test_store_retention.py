@@ -17,9 +17,9 @@ import sqlalchemy as sa
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import CompactionRecord, Refusal
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import PruneReport, RetentionRules, SessionStore
 from sessionfold.store.schema import metadata
-from sessionfold.workers.settings import Settings
 from store_helpers import POLICY, Clock, plan, row_counts, turn, user
 
 HOUR = 3600.0

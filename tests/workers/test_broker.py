@@ -19,10 +19,10 @@ from pipeline_harness import (
     wait_until,
     worker_process,
 )
+from sessionfold.runtime.keys import FOLD_QUEUE
+from sessionfold.runtime.settings import Settings
 from sessionfold.workers.broker import Channel, Transport, uses_shared_client
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.keys import FOLD_QUEUE
-from sessionfold.workers.settings import Settings
 
 
 def test_only_a_plain_redis_url_gets_the_shared_client_transport() -> None:

@@ -22,6 +22,10 @@ from pipeline_harness import (
 )
 from sessionfold.core import tokens
 from sessionfold.core.errors import InvalidInputError
+from sessionfold.runtime.collector import YOUNG_GC_THRESHOLD
+from sessionfold.runtime.keys import FOLD_QUEUE, Keys
+from sessionfold.runtime.redis_conn import EmbeddedRedis, redis_client
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import (
     FOLD_TASK,
@@ -31,10 +35,6 @@ from sessionfold.workers.celery_app import (
     make_enqueue,
     runtime_of,
 )
-from sessionfold.workers.keys import FOLD_QUEUE, Keys
-from sessionfold.workers.redis_conn import EmbeddedRedis, redis_client
-from sessionfold.workers.runtime import YOUNG_GC_THRESHOLD
-from sessionfold.workers.settings import Settings
 
 
 def test_broker_url_speaks_kombus_dialect() -> None:

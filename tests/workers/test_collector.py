@@ -1,5 +1,5 @@
 """The garbage collector as sessionfold's long-running processes set it once start-up is done
-(``workers.runtime.freeze_startup_objects``): the start-up heap frozen, so a full collection
+(``runtime.collector.freeze_startup_objects``): the start-up heap frozen, so a full collection
 does not walk it (it paused full-decode window reads for ~90 ms), and the young generation's
 threshold raised, so a fold's live objects are not walked again every 700 allocations.
 
@@ -23,7 +23,8 @@ def _run(code: str) -> str:
 def test_start_up_objects_are_frozen_and_the_young_threshold_raised() -> None:
     out = _run("""
         import gc
-        from sessionfold.workers.runtime import YOUNG_GC_THRESHOLD, freeze_startup_objects
+        import sessionfold.runtime.wiring  # what a process imports at start-up
+        from sessionfold.runtime.collector import YOUNG_GC_THRESHOLD, freeze_startup_objects
         before = gc.get_threshold()
         freeze_startup_objects()
         after = gc.get_threshold()
@@ -38,7 +39,7 @@ def test_start_up_objects_are_frozen_and_the_young_threshold_raised() -> None:
 def test_garbage_cycles_made_after_start_up_are_still_collected() -> None:
     out = _run("""
         import gc, weakref
-        from sessionfold.workers.runtime import freeze_startup_objects
+        from sessionfold.runtime.collector import freeze_startup_objects
         freeze_startup_objects()
 
         class Node:

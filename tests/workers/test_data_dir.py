@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from sessionfold.client import connect
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.wiring import open_store, store_url
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import default_sqlite_url
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.wiring import open_store, store_url
 
 
 @pytest.fixture(autouse=True)

@@ -19,12 +19,12 @@ from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary
 from sessionfold.core.window import CompactionRecord
+from sessionfold.runtime.faults import PAUSE_AT_ENV, PAUSE_MARKER_ENV
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold, store_job_id
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
-from sessionfold.workers.faults import PAUSE_AT_ENV, PAUSE_MARKER_ENV
-from sessionfold.workers.fold_procedure import FoldJob, run_fold, store_job_id
 from sessionfold.workers.locks import FoldLock
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.tasks import _retry_or_give_up
+from sessionfold.workers.tasks import _fold, _retry_or_give_up
 
 SID = "agent-fold"
 POLICY = FoldPolicy(budget_tokens=8000)
@@ -209,9 +209,11 @@ class _Retry(Exception):
 def test_the_soft_time_limit_records_the_visit_releases_the_claim_and_retries(
         store: SessionStore, session: list[Message], tmp_path: Path) -> None:
     # Celery raises SoftTimeLimitExceeded wherever the fold happens to be: here, in the
-    # summarizer call, which therefore never returns.
+    # summarizer call, which therefore never returns. The task hands it to the procedure as
+    # its time limit (the procedure itself imports nothing of Celery).
     summarizer = ScriptedSummarizer(errors=[SoftTimeLimitExceeded()])
-    report = run_fold(store, summarizer, FoldJob(SID, "task-9", lease_s=3600))
+    worker = SimpleNamespace(store=store, summarizer=summarizer, pricing=None)
+    report = _fold(worker, FoldJob(SID, "task-9", lease_s=3600))  # type: ignore[arg-type]
     assert summarizer.calls == 1
     assert report.outcome == "refused" and report.refusals == ("summarizer-failed",)
     assert report.retry_error is not None and "soft time limit" in str(report.retry_error)
@@ -241,6 +243,22 @@ def test_the_soft_time_limit_records_the_visit_releases_the_claim_and_retries(
         SID, store_job_id("task-9", 1), enqueued_epoch=options["kwargs"]["enqueued_epoch"],
         incarnation=options["kwargs"]["incarnation"]))
     assert retry.outcome == "folded" and _summaries(store) == 1
+
+
+class _Deadline(Exception):
+    """A runner's own time limit, raised into the fold wherever it happens to be."""
+
+
+def test_the_time_limit_is_the_runners_own_exception_and_only_it_is_caught(
+        store: SessionStore, session: list[Message]) -> None:
+    # Without it the exception is not the procedure's to swallow: it leaves run_fold.
+    with pytest.raises(_Deadline):
+        run_fold(store, ScriptedSummarizer(errors=[_Deadline()]), FoldJob(SID, "job-1"))
+    # The claim that exception left behind is taken over by force (as an inline fold does).
+    report = run_fold(store, ScriptedSummarizer(errors=[_Deadline()]),
+                      FoldJob(SID, "job-2", force=True), out_of_time=(_Deadline,))
+    assert report.outcome == "refused" and report.refusals == ("summarizer-failed",)
+    assert report.retry_error is not None and "soft time limit" in str(report.retry_error)
 
 
 def test_permanent_failure_is_a_recorded_refusal_not_a_retry(
@@ -358,7 +376,7 @@ def test_store_job_ids_differ_per_retry_and_not_per_redelivery() -> None:
 
 def test_fault_point_marks_once_and_waits_until_killed(tmp_path: Path) -> None:
     marker = tmp_path / "paused.pid"
-    code = ("from sessionfold.workers.faults import fault_point\n"
+    code = ("from sessionfold.runtime.faults import fault_point\n"
             "fault_point('elsewhere')\nfault_point('after-summary')\n")
     env = {**os.environ, PAUSE_AT_ENV: "after-summary", PAUSE_MARKER_ENV: str(marker)}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
@@ -413,7 +431,7 @@ def test_a_priced_fold_of_a_session_told_it_is_about_to_end_is_refused(
 
 def test_a_late_background_fold_teaches_the_process_how_late_first_folds_will_land(
         store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sessionfold.workers import fold_procedure
+    from sessionfold.runtime import fold_procedure
 
     lag = fold_procedure._Lag()
     monkeypatch.setattr(fold_procedure, "FOLD_LAG", lag)

@@ -18,8 +18,8 @@ from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import ToolResultBlock
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import ExtractiveSummarizer
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold
 from sessionfold.store import SessionStore
-from sessionfold.workers.fold_procedure import FoldJob, run_fold
 
 SID = "agent-clipped"
 MASK_ONLY = FoldPolicy(budget_tokens=4000, keep_recent_turns=2, layers=("mask-tool-results",))

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from pipeline_harness import transcript_session
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import WorkerRuntime, make_celery
-from sessionfold.workers.settings import Settings
 from sessionfold.workers.tasks import fold_session
 
 SID = "agent-given-up"

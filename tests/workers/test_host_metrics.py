@@ -18,11 +18,11 @@ import httpx2
 import pytest
 import redis
 from pipeline_harness import PipelineProcess, child_env, free_port, wait_until
+from sessionfold.runtime.exporter import serving_process
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.exporter import serving_process
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -23,16 +23,16 @@ from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.prices import DEFAULT_PRICES
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.core.window import SummarizerUsage
+from sessionfold.runtime.fold_procedure import FoldJob, run_fold
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.prices import fold_pricing, summarizer_cost_usd
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store.results import SessionInfo
 from sessionfold.store.schema import sessions
 from sessionfold.store.store import SessionStore
-from sessionfold.workers.fold_procedure import FoldJob, run_fold
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.metrics import Metrics
-from sessionfold.workers.prices import fold_pricing, summarizer_cost_usd
 from sessionfold.workers.scheduler import Scheduler, skip_reason
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 BUDGET = 10_000  # trigger 8,500; idle trigger 5,000
 NOW = 1_900_000_000.0  # the scheduler's clock in these tests

@@ -8,9 +8,9 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
+from sessionfold.runtime.keys import DEFAULT_PARTITIONS, DEFAULT_PREFIX, Keys
+from sessionfold.runtime.settings import Settings
 from sessionfold.store.partitions import partition_of, session_hash
-from sessionfold.workers.keys import DEFAULT_PARTITIONS, DEFAULT_PREFIX, Keys
-from sessionfold.workers.settings import Settings
 
 
 def test_every_key_lives_under_the_prefix() -> None:

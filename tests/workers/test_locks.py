@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import redis
 from sessionfold.core.errors import RedisUnavailableError
-from sessionfold.workers.keys import Keys
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.workers.locks import FoldLock
-from sessionfold.workers.redis_conn import redis_client
 
 pytestmark = pytest.mark.redis
 

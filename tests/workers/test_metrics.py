@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 from sessionfold.core.window import CompactionRecord, Refusal, SummarizerUsage
-from sessionfold.workers.metrics import Metrics, start_metrics_server
+from sessionfold.runtime.metrics import Metrics, start_metrics_server
 
 
 def record(outcome: str = "folded", **kw: object) -> CompactionRecord:
@@ -98,7 +98,7 @@ def test_scheduler_and_job_helpers(m: Metrics) -> None:
 
 
 def test_the_http_endpoint_serves_the_default_metrics() -> None:
-    from sessionfold.workers.metrics import metrics
+    from sessionfold.runtime.metrics import metrics
 
     metrics().count_enqueued("stream")
     server = start_metrics_server(0)
@@ -115,7 +115,7 @@ _FORKING_SCRIPT = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     from sessionfold.core.window import CompactionRecord
-    from sessionfold.workers.metrics import enable_multiprocess, exposition, metrics
+    from sessionfold.runtime.metrics import enable_multiprocess, exposition, metrics
 
     enable_multiprocess(Path(sys.argv[1]))
     rec = CompactionRecord(trigger="threshold", outcome="folded", budget_tokens=10000,
@@ -159,7 +159,7 @@ def test_multiprocess_mode_cannot_be_switched_on_after_recording(tmp_path: Path)
     script = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from sessionfold.workers.metrics import enable_multiprocess, metrics
+        from sessionfold.runtime.metrics import enable_multiprocess, metrics
         metrics().count_enqueued("stream")
         try:
             enable_multiprocess(Path(sys.argv[1]))

@@ -15,13 +15,13 @@ from prometheus_client import CollectorRegistry
 from sessionfold.client import Client, SessionHandle, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import FIELD, NUDGE_FIELD, NudgeEvent, UsagePublisher
 from sessionfold.store.results import SessionGate, SessionInfo
 from sessionfold.store.store import SessionStore
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.metrics import Metrics
 from sessionfold.workers.scheduler import Scheduler
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import FIELD, NUDGE_FIELD, NudgeEvent, UsagePublisher
 
 pytestmark = pytest.mark.redis
 

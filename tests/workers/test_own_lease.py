@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.fold_procedure import FoldJob, FoldReport
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
-from sessionfold.workers.fold_procedure import FoldJob, FoldReport
-from sessionfold.workers.settings import Settings
 from sessionfold.workers.tasks import _after_own_lease
 
 SID = "lease-agent"

@@ -10,14 +10,14 @@ import redis
 from pipeline_harness import wait_until
 from prometheus_client import CollectorRegistry
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store.results import SessionInfo, UsageReport
 from sessionfold.store.store import SessionStore
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.metrics import Metrics
 from sessionfold.workers.partitions import PartitionLeases, rendezvous_owner
 from sessionfold.workers.scheduler import Scheduler
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 PARTITIONS = 8
 BUDGET = 10_000  # trigger at 8_500 tokens

@@ -16,18 +16,18 @@ from redis_cluster import RedisClusterHarness, cluster_fixture
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import SummarizerUsage
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.redis_conn import is_cluster, redis_client
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.slots import SummarizerSlots
+from sessionfold.runtime.spend import SpendCap
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store.results import SessionInfo
 from sessionfold.store.store import SessionStore
 from sessionfold.workers.celery_app import make_celery
-from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
-from sessionfold.workers.metrics import Metrics
-from sessionfold.workers.redis_conn import is_cluster, redis_client
 from sessionfold.workers.scheduler import Scheduler
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.slots import SummarizerSlots
-from sessionfold.workers.spend import SpendCap
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 BUDGET = 10_000  # trigger at 8_500 tokens
 PARTITIONS = 8

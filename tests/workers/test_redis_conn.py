@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 from sessionfold.core.errors import RedisUnavailableError
-from sessionfold.workers.redis_conn import EmbeddedRedis, mapped_errors, redis_client
+from sessionfold.runtime.redis_conn import EmbeddedRedis, mapped_errors, redis_client
 
 
 @pytest.mark.redis

@@ -20,7 +20,7 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.client import SessionHandle, connect
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.workers.settings import Settings
+from sessionfold.runtime.settings import Settings
 
 NAMES = ("django__django-15554", "sympy__sympy-13091")
 

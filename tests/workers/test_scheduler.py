@@ -20,15 +20,15 @@ from prometheus_client import CollectorRegistry
 from sessionfold.core.errors import StoreError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import CompactionRecord
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store.results import SessionInfo, UsageBatch
 from sessionfold.store.store import SessionStore
-from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
-from sessionfold.workers.metrics import Metrics
-from sessionfold.workers.redis_conn import redis_client
 from sessionfold.workers.scheduler import Scheduler
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.usagebus import UsageEvent, UsagePublisher
 
 pytestmark = pytest.mark.redis
 
@@ -722,9 +722,9 @@ def test_the_scheduler_survives_a_redis_restart(
 _SIGTERM_SCRIPT = textwrap.dedent("""
     import logging, sys, threading
     from sessionfold.store.store import SessionStore
-    from sessionfold.workers.redis_conn import redis_client
+    from sessionfold.runtime.redis_conn import redis_client
     from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
-    from sessionfold.workers.settings import Settings
+    from sessionfold.runtime.settings import Settings
 
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
     settings = Settings()

@@ -12,10 +12,10 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.metrics import Metrics
+from sessionfold.runtime.settings import Settings
 from sessionfold.store.store import SessionStore
-from sessionfold.workers.metrics import Metrics
 from sessionfold.workers.scheduler import PRUNING_PARTITION, BatchStats, Scheduler
-from sessionfold.workers.settings import Settings
 
 pytestmark = pytest.mark.redis
 

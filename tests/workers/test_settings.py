@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.workers.settings import Settings, env_name, redact_url
+from sessionfold.runtime.settings import Settings, env_name, redact_url
 
 
 @pytest.fixture(autouse=True)

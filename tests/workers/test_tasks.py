@@ -24,15 +24,15 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault
 from sessionfold.core.errors import TransientSummarizerError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import SummarizerUsage
+from sessionfold.runtime.fold_procedure import FoldJob
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.prices import summarizer_cost_usd
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.slots import SummarizerSlots
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import FOLD_TASK, WorkerRuntime, make_celery, make_enqueue
-from sessionfold.workers.fold_procedure import FoldJob
-from sessionfold.workers.keys import Keys
 from sessionfold.workers.locks import FoldLock
-from sessionfold.workers.prices import summarizer_cost_usd
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.slots import SummarizerSlots
 from sessionfold.workers.tasks import _fold, fold_session, retry_countdown
 
 # Only the paid layer: a visit either summarizes or folds nothing, so counting summarizer calls

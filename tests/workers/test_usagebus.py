@@ -1,4 +1,5 @@
-"""The usage bus against a real Redis: events, consumer groups, dead consumers, outages."""
+"""The usage bus against a real Redis: events and their publisher (``sessionfold.runtime.usage``),
+consumer groups and dead consumers (``sessionfold.workers.usage_consumer``), outages."""
 
 from __future__ import annotations
 
@@ -11,15 +12,10 @@ import anthropic.types
 import pytest
 import redis
 from sessionfold.core.errors import InvalidInputError
-from sessionfold.workers.keys import Keys
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.usagebus import (
-    FIELD,
-    StreamEntry,
-    UsageConsumer,
-    UsageEvent,
-    UsagePublisher,
-)
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.usage import FIELD, UsageEvent, UsagePublisher
+from sessionfold.workers.usage_consumer import StreamEntry, UsageConsumer
 
 pytestmark = pytest.mark.redis
 
@@ -269,7 +265,7 @@ def test_publishing_with_redis_down_never_raises_and_flushes_after_restart(
     publisher = UsagePublisher(client, keys, maxlen=10_000, buffer_max=5, clock=clock)
     assert publisher.publish(event(seq=0))
     private_redis.kill()
-    caplog.set_level(logging.WARNING, logger="sessionfold.workers.usagebus")
+    caplog.set_level(logging.WARNING, logger="sessionfold.runtime.usage")
     sent = [publisher.publish(event(seq=i)) for i in range(1, 13)]
     clock.now += 1.0  # past the retry delay: the next publish tries Redis again, still down
     sent.append(publisher.publish(event(seq=13)))

@@ -14,17 +14,17 @@ import redis
 from pipeline_harness import postgres_url
 from sessionfold.core.errors import RedisUnavailableError, SchemaError
 from sessionfold.core.summarizers import ExtractiveSummarizer
-from sessionfold.store import SCHEMA_REVISION
-from sessionfold.workers.redis_conn import redis_client
-from sessionfold.workers.settings import Settings
-from sessionfold.workers.summarizer_guard import SummarizerGuard
-from sessionfold.workers.wiring import (
+from sessionfold.runtime.redis_conn import redis_client
+from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.summarizer_guard import SummarizerGuard
+from sessionfold.runtime.wiring import (
     make_summarizer,
     open_redis,
     open_store,
     redis_url_for,
     summarizer_guard,
 )
+from sessionfold.store import SCHEMA_REVISION
 
 
 @pytest.fixture(autouse=True)

@@ -36,10 +36,10 @@ from rabbitmq import rabbitmq_vhost
 from sessionfold.cli.main import main
 from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.faults import KILL_AT_ENV, PAUSE_AT_ENV, PAUSE_MARKER_ENV
+from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery, make_enqueue
-from sessionfold.workers.faults import KILL_AT_ENV, PAUSE_AT_ENV, PAUSE_MARKER_ENV
-from sessionfold.workers.settings import Settings
 
 SID = "agent-killed"
 POLICY = FoldPolicy(budget_tokens=8000, layers=("summarize",))
