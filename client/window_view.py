@@ -77,10 +77,14 @@ class WindowView:
 
     @property
     def edited(self) -> bool:
-        """Whether the request holds an item sessionfold edited (a clip, a mask stub, thinned
-        thinking, a summary or notice, a dropped recall line): something the recall tool
-        could give back."""
-        return any(item.kind != "message" or item.edits for item in self.items)
+        """Whether the request holds an item sessionfold edited out of sight (a mask stub,
+        dropped thinking, a summary or notice, a recall exchange or the line a dropped one
+        leaves): something only the recall tool gives back. A clip alone does not count: its
+        head and tail stay in the window, and offering the tool for it alone would rewrite the
+        whole cached prefix (tools lead it) of a session that may never fold (B1: a ten-call
+        customer-service session paid a third more for one clipped look-up)."""
+        return any(item.kind != "message" or set(item.edits) - {"clipped"}
+                   for item in self.items)
 
     @property
     def tokens(self) -> int:

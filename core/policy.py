@@ -79,9 +79,9 @@ class FoldPolicy(BaseModel):
     #: it from the ledger; False opts the session out (no tool, no hints in the window).
     recall: bool = True
     #: When the tool is offered: ``"edited"`` (the default) from the first request that holds
-    #: something recall can give back (an item sessionfold clipped, masked or summarized), so
-    #: its definition rides on no request that could not use it; ``"always"`` on every request
-    #: from the first.
+    #: something only recall gives back (an item sessionfold masked or summarized; a clip
+    #: keeps head and tail in sight), so its definition rides on no request that could not
+    #: use it; ``"always"`` on every request from the first.
     recall_offer: Literal["edited", "always"] = "edited"
     #: The most one recall answer may hold; the room left in the window caps it further.
     #: None: a sixteenth of the budget, 512 to 4,000 tokens (:attr:`recall_answer_tokens`):

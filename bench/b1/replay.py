@@ -36,7 +36,14 @@ from .checks import broken_tool_pairs, has_task, retrievable
 from .counting import Counter, Request, Unit
 from .fakes import MODEL_SECONDS, FakeSummarizer, ScriptedModel
 from .idle import CACHE_TTL_S, idle_gaps
-from .needed import CallRecall, named_identifiers, need_sets, request_recall, without_recall_echo
+from .needed import (
+    RECALL_TOOL,
+    CallRecall,
+    named_identifiers,
+    need_sets,
+    request_recall,
+    without_recall_echo,
+)
 from .oracle import ask, recovered
 from .transcripts import STRESS_TRANSCRIPT, Transcript
 
@@ -395,6 +402,7 @@ class _ClientTurn:
         self.sent: list[_Sent] = []
         self.window: CallRecall | None = None
         self.recovered = 0
+        self.offered = False
 
     def __call__(self, request: Request) -> Reply:
         if not self.sent:  # the client's own work before its first request: on the agent's path
@@ -404,7 +412,11 @@ class _ClientTurn:
         self.agent.model.call()
         if len(self.sent) == 1:
             self.window = _score(self.need, request)
-            if self.window.missing and self.call is not None and self.ask_recall:
+            # The model can only call the tool the request offers (a client offers it once
+            # the window holds something only recall gives back).
+            self.offered = any(t.get("name") == RECALL_TOOL for t in request.tools or ())
+            if (self.window.missing and self.call is not None and self.ask_recall
+                    and self.offered):
                 return Reply(ask(self.call, self.window.missing), sent.tokens)
         elif len(self.sent) == 2 and self.window is not None and self.call is not None:
             self.recovered = recovered(self.window.missing, request.messages, self.call)
@@ -414,8 +426,8 @@ class _ClientTurn:
         """The client sent a request, and answered the recall turn if one was asked."""
         if not self.sent:
             raise RuntimeError("the client made no model call")
-        asked = (self.ask_recall and self.window is not None and bool(self.window.missing)
-                 and self.call is not None)
+        asked = (self.ask_recall and self.offered and self.window is not None
+                 and bool(self.window.missing) and self.call is not None)
         if asked and len(self.sent) < 2:
             raise RuntimeError(f"call {self.call}: the client did not answer the recall turn")
 

@@ -43,6 +43,7 @@ from sessionfold.client import Client, SessionHandle
 from sessionfold.core.errors import BudgetExceededError, ContextOverflowError
 from sessionfold.core.messages import Message
 from sessionfold.core.summarizers import Summarizer, Summary
+from sessionfold.runtime import fold_procedure
 from sessionfold.runtime.fold_procedure import FoldJob, FoldReport, run_fold
 from sessionfold.runtime.prices import fold_pricing
 from sessionfold.runtime.settings import Settings
@@ -273,6 +274,9 @@ class SimSystem:
                 + describe_policy(make_policy(budget, self.overrides), self.overrides))
 
     def start(self) -> None:
+        # A fresh deployment: its workers have landed no fold yet (the fold procedure's lag
+        # prior is per process, and one process replays every system and budget in turn).
+        fold_procedure.FOLD_LAG = fold_procedure._Lag()
         self.deployment = SimDeployment(self.fake, lag=self.lag)
 
     def stop(self) -> None:

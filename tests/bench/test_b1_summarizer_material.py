@@ -3,8 +3,8 @@
 sessionfold's ``AnthropicSummarizer`` puts the conversation between nonce markers inside an
 instruction; the fake Messages API behind it must digest what is between the markers (the previous
 summary and the transcript), bill the whole prompt, and -- as a model following the instruction
-would -- add the identifiers the request asks it to keep that the digest left out. The peers'
-adapters check their own prompt layouts against the installed peer packages when they start
+would -- list the identifiers the request asks it to keep first, within its 300-token cap. The
+peers' adapters check their own prompt layouts against the installed peer packages when they start
 (``self_check``), since those packages live in virtualenvs of their own.
 """
 
@@ -71,9 +71,16 @@ def test_the_reply_is_the_digest_of_the_material_billed_for_the_whole_prompt(
         fake.counter.text(render_transcript(SPAN))
 
 
-def test_identifiers_asked_for_are_added_once_when_the_digest_lacks_them(
+def test_identifiers_asked_for_come_first_and_once_within_the_same_cap(
         fake: FakeSummarizer) -> None:
     text = messages_api_reply(fake, _body(must_keep=["alias_map", "ACCT-90417"]))[
         "content"][0]["text"]
-    assert text.endswith("\nIdentifiers kept: ACCT-90417")
+    listed = text.removeprefix(DIGEST_HEADING).strip(" .").split(", ")
+    assert listed[:2] == ["alias_map", "ACCT-90417"]  # asked for, listed first
     assert text.count("alias_map") == 1
+    # Asked for more than a summary holds, the digest keeps to its cap: a span denser in
+    # identifiers than that loses some, as it would with a model.
+    many = [f"module_{n}.handler_{n}" for n in range(400)]
+    capped = messages_api_reply(fake, _body(must_keep=many))["content"][0]["text"]
+    assert fake.counter.text(capped) <= SUMMARY_TOKENS
+    assert "module_0.handler_0" in capped and "module_399.handler_399" not in capped

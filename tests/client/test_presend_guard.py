@@ -279,6 +279,12 @@ def test_the_recall_tool_rides_only_on_requests_that_hold_something_to_recall(
     agent = grown(client, steps=2)
     agent.call(ask(provider))
     assert provider.requests[-1]["tools"] == []  # nothing edited yet: no definition to pay for
+    # A clipped output keeps its head and tail in sight: not yet a reason to offer the tool
+    # (its definition leads the cached prefix: offering it rewrites the whole request).
+    agent.append(tool_step(30, lines=700))
+    agent.call(ask(provider))
+    assert "clipped" in json.dumps(provider.requests[-1]["messages"])
+    assert provider.requests[-1]["tools"] == []
     agent.append(tool_step(8) + tool_step(9) + tool_step(10) + tool_step(11) + tool_step(12))
     agent.call(ask(provider))  # past the line: the guard masks, and the tool comes with it
     assert [t["name"] for t in provider.requests[-1]["tools"]] == ["sessionfold_recall"]
@@ -286,11 +292,10 @@ def test_the_recall_tool_rides_only_on_requests_that_hold_something_to_recall(
 
 def test_the_recall_tools_definition_is_taken_off_the_usage_report(
         client: Client, provider: FakeProvider, redis_conn: Any) -> None:
-    agent = client.session(SID, policy=POLICY, system=SYSTEM)
-    # One output over a quarter of the budget is clipped on append: the window holds an edited
-    # item, under the budget, so the tool is offered and the request is not guarded.
-    agent.append([{"role": "user", "content": "Fix the rounding bug."},
-                  *tool_step(0, lines=400)])
+    # A folded window under the budget: it holds a summary, so the tool is offered, and the
+    # request is not guarded.
+    agent = grown(client)
+    assert agent.fold_inline(trigger="manual", target_tokens=3000).outcome == "folded"
     agent.call(ask(provider))
     assert provider.requests[-1]["tools"] and agent.guarded_requests == 0
     keys = Keys.from_settings(client.settings)
