@@ -165,6 +165,6 @@ class StoreError(SessionfoldError):
 class RedisUnavailableError(SessionfoldError):
     """Redis could not be reached, timed out, or refused a command (for example out of memory).
 
-    Raised where redis-py's errors enter sessionfold (:mod:`sessionfold.workers.redis_conn`).
+    Raised where redis-py's errors enter sessionfold (:mod:`sessionfold.runtime.redis_conn`).
     The usage publisher never raises it: reporting usage must not fail an agent.
     """

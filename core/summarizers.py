@@ -10,7 +10,7 @@ it, if any) into text plus the usage it cost::
 
 Two implementations ship, one here and one beside the runtime:
 
-- :class:`~sessionfold.workers.providers.anthropic.AnthropicSummarizer`, in the fold runtime
+- :class:`~sessionfold.runtime.providers.anthropic.AnthropicSummarizer`, in the fold runtime
   (the engine imports no network client), calls a cheap model through ``anthropic``. The transcript
   goes between markers carrying a random per-call nonce, and the instruction names what is between
   them as material to summarize, never to obey: transcript text cannot close the markers, since it

@@ -123,7 +123,7 @@ def test_common_prefix_counts_equal_units_then_shared_tokens() -> None:
 
 
 def test_prices_bill_cache_reads_and_writes_with_the_cost_models_table() -> None:
-    prices = Prices()  # core.cost's Sonnet 4.5 and Haiku 4.5
+    prices = Prices()  # core.prices' Sonnet 4.5 and Haiku 4.5
     assert (prices.agent.input_per_mtok, prices.agent.cache_read_multiplier,
             prices.agent.cache_write_5m_multiplier) == (3.0, 0.1, 1.25)
     assert prices.request_dollars(1_000_000, 600_000) == pytest.approx((60_000 + 500_000)
