@@ -83,6 +83,7 @@ import sqlalchemy as sa
 from sessionfold.core import (
     ExtractiveSummarizer,
     FoldPolicy,
+    FoldVisit,
     default_counter,
     fold_window,
     summary_message,
@@ -581,9 +582,9 @@ def measure(store: SessionStore, corpus: Corpus, hot: list[str], fillers: list[s
         info = store.get_session(sid)
         # Summarize only (no masking first), down by about a third, as a background fold from
         # the trigger (0.85) to the target (0.6) does.
-        result = fold_window(window.items, FOLD_POLICY, summarizer, system=window.system,
+        result = fold_window(window.items, FoldVisit(FOLD_POLICY, summarizer, system=window.system,
                              trigger="manual", force=True,
-                             target_tokens=info.current_tokens * 6 // 10)
+                             target_tokens=info.current_tokens * 6 // 10))
         if not result.changed:
             store.record_visit(sid, result.record, job_id=job, epoch=claim.epoch,
                                **_commit_kwargs(store, claim))

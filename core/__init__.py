@@ -14,7 +14,7 @@ The store and the workers use :func:`fold_window` on stored window items; see
 """
 
 from .clip import clip_oversized
-from .compact import CompactResult, FoldResult, compact, fold_window
+from .compact import CompactResult, FoldResult, FoldVisit, compact, fold_window
 from .errors import (
     ContextOverflowError,
     DiscardedOriginalsError,
@@ -101,6 +101,7 @@ __all__ = [
     "FoldEdit",
     "FoldPolicy",
     "FoldResult",
+    "FoldVisit",
     "FoldedSpan",
     "ImageBlock",
     "InvalidInputError",

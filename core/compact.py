@@ -78,7 +78,7 @@ from .window import (
 if TYPE_CHECKING:
     from .cycles import FoldChoice
 
-__all__ = ["CompactResult", "FoldResult", "compact", "fold_window"]
+__all__ = ["CompactResult", "FoldResult", "FoldVisit", "compact", "fold_window"]
 
 # Refusals that are about folding itself (not protection): a visit with one of these and no
 # change is "refused", not "nothing-to-fold".
@@ -172,24 +172,15 @@ def _why_not(planner: Planner, protected: list[Refusal]) -> str:
             + "; ".join(reasons or ["the layers ran out of foldable history"]))
 
 
-def fold_window(
-    items: Sequence[WindowItem], policy: FoldPolicy, summarizer: Summarizer | None, *,
-    system: str = "",
-    measured_tokens: int | None = None,
-    calibration: Calibration | None = None,
-    trigger: Trigger = "manual",
-    force: bool = False,
-    target_tokens: int | None = None,
-    pinned: Collection[int] = (),
-    latched: Collection[str] | Mapping[str, RefusalReason] = (),
-    counter: TokenCounter | None = None,
-    originals: Originals | None = None,
-    summarizer_skipped: str | None = None,
-    economics: FoldEconomics | None = None,
-    trigger_tokens: int | None = None,
-    item_chars: Sequence[int | None] | None = None,
-) -> FoldResult:
-    """Plan and run one visit of a window (see the module docstring and docs/internals.md).
+@dataclass(frozen=True)
+class FoldVisit:
+    """What one visit of a window is given, beside the items: the policy and the summarizer,
+    what is known of the window's size, why the visit happens and how hard it may fold, and what
+    it may read. One value, so a caller names what it knows and the planner reads it in one
+    place::
+
+        fold_window(window.items, FoldVisit(info.policy, summarizer, trigger="threshold",
+                                            measured_tokens=info.current_tokens))
 
     ``measured_tokens`` is the provider-reported size of this window plus the system prompt;
     without it the (calibrated) estimate is used. ``force`` (overflow) folds even under the
@@ -207,22 +198,49 @@ def fold_window(
     be below the policy's (the cost model set the next visit earlier:
     :func:`~.economics.next_trigger_tokens`); an unpriced visit always waits for the policy's.
     ``item_chars`` is, when the caller knows it, the size of each item's message as compact JSON
-    (what the record's ``chars_before`` and ``chars_after`` add up), parallel to ``items``; a
+    (what the record's ``chars_before`` and ``chars_after`` add up), parallel to the items; a
     None entry, or no list, is measured here. The store passes the length of the JSON it holds
     (:attr:`~sessionfold.store.results.Window.chars`): serializing every message again only to
     measure it was a tenth of a fold's CPU.
-    Never raises a summarizer error: see :class:`FoldResult`.
     """
+
+    policy: FoldPolicy
+    summarizer: Summarizer | None = None
+    system: str = ""
+    measured_tokens: int | None = None
+    calibration: Calibration | None = None
+    trigger: Trigger = "manual"
+    force: bool = False
+    target_tokens: int | None = None
+    pinned: Collection[int] = ()
+    latched: Collection[str] | Mapping[str, RefusalReason] = ()
+    counter: TokenCounter | None = None
+    originals: Originals | None = None
+    summarizer_skipped: str | None = None
+    economics: FoldEconomics | None = None
+    trigger_tokens: int | None = None
+    item_chars: Sequence[int | None] | None = None
+
+
+def fold_window(items: Sequence[WindowItem], visit: FoldVisit) -> FoldResult:
+    """Plan and run one visit of a window (see the module docstring, :class:`FoldVisit` and
+    docs/internals.md). Never raises a summarizer error: see :class:`FoldResult`."""
+    if not isinstance(visit, FoldVisit):
+        raise InvalidInputError(f"fold_window takes a FoldVisit, got {type(visit).__name__}")
+    policy, summarizer, trigger, force = (visit.policy, visit.summarizer, visit.trigger,
+                                          visit.force)
+    target_tokens, calibration, economics = (visit.target_tokens, visit.calibration,
+                                             visit.economics)
     _check_items(items)
     if target_tokens is not None and target_tokens < 0:
         raise InvalidInputError(f"target_tokens must be >= 0, got {target_tokens}")
-    sizes = Sizes(counter or default_counter())
-    if item_chars is not None:
-        sizes.known_chars(items, item_chars)
+    sizes = Sizes(visit.counter or default_counter())
+    if visit.item_chars is not None:
+        sizes.known_chars(items, visit.item_chars)
     target = policy.target_tokens if target_tokens is None else target_tokens
-    estimate = sizes.counter.system(system) + sum(sizes.tokens(i) for i in items)
-    if measured_tokens is not None:
-        before, measured_by = float(measured_tokens), "reported"
+    estimate = sizes.counter.system(visit.system) + sum(sizes.tokens(i) for i in items)
+    if visit.measured_tokens is not None:
+        before, measured_by = float(visit.measured_tokens), "reported"
     else:
         before = float(calibration.predict(estimate) if calibration else estimate)
         measured_by = "estimate"
@@ -240,8 +258,8 @@ def fold_window(
               and trigger != "overflow")
     idle = priced and trigger == "idle"
     gate_tokens = policy.trigger_tokens
-    if priced and trigger_tokens is not None:
-        gate_tokens = max(0, min(gate_tokens, trigger_tokens))
+    if priced and visit.trigger_tokens is not None:
+        gate_tokens = max(0, min(gate_tokens, visit.trigger_tokens))
     if not force and not (policy.over_idle_trigger(before) if idle else before > gate_tokens):
         gate = (f"the idle trigger of {policy.idle_trigger_tokens}" if idle
                 else f"the trigger of {gate_tokens}")
@@ -251,10 +269,10 @@ def fold_window(
         ), [])
 
     planner = Planner(items=list(items), policy=policy, summarizer=summarizer, sizes=sizes,
-                      target=target, slope=slope, current=before, force=force, pinned=pinned,
-                      latched=latched, originals=originals)
+                      target=target, slope=slope, current=before, force=force,
+                      pinned=visit.pinned, latched=visit.latched, originals=visit.originals)
     planner.clip()
-    planner.protection = protect(planner.items, policy, pinned, turns=planner.turns())
+    planner.protection = protect(planner.items, policy, visit.pinned, turns=planner.turns())
     protected = protection_refusals(planner.turns(), planner.protection,
                                     reasons=planner.guarded().reasons)
     choice: FoldChoice | None = None
@@ -275,7 +293,7 @@ def fold_window(
             planner.cheap_layer(layer)
         elif summarizer is None and layer == "summarize":
             planner.notes.append("summarize skipped: "
-                               + (summarizer_skipped or "no summarizer given"))
+                               + (visit.summarizer_skipped or "no summarizer given"))
             continue
         else:
             planner.fold_runs("summary" if layer == "summarize" else "notice")
@@ -410,9 +428,9 @@ def compact(
     if clipped and measured_tokens is not None:
         # The provider measured the outputs whole; the window fold_window sees is clipped.
         measured = max(0, measured_tokens - saved)
-    result = fold_window(loaded, policy, summarizer, system=system, measured_tokens=measured,
-                         trigger=trigger, force=force, pinned=pinned, counter=counter,
-                         originals=originals.get)
+    result = fold_window(loaded, FoldVisit(
+        policy, summarizer, system=system, measured_tokens=measured, trigger=trigger,
+        force=force, pinned=pinned, counter=counter, originals=originals.get))
     record = result.record
     if clipped:
         record = record.model_copy(update={

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .clip import clip_oversized, clip_own_words
-from .compact import fold_window
+from .compact import FoldVisit, fold_window
 from .policy import FoldPolicy
 from .recall_hints import as_sent
 from .tokens import Calibration, TokenCounter, default_counter
@@ -190,10 +190,11 @@ def _cheap(request: _Request, policy: FoldPolicy, before: int, limit: int,
     tries = [steady, policy.keep_recent_turns] if steady != policy.keep_recent_turns else [
         policy.keep_recent_turns]
     for keep in tries:
-        result = fold_window(request.items, cheap.model_copy(update={"keep_recent_turns": keep}),
-                             None, measured_tokens=before, calibration=request.calibration,
-                             trigger="overflow", force=True, target_tokens=0,
-                             counter=request.counter, originals=originals)
+        result = fold_window(request.items, FoldVisit(
+                cheap.model_copy(update={"keep_recent_turns": keep}),
+                None, measured_tokens=before, calibration=request.calibration,
+                trigger="overflow", force=True, target_tokens=0,
+                counter=request.counter, originals=originals))
         if result.edit.empty:
             continue
         shrunk = _Request(list(result.window), request.calibration, request.counter,
@@ -269,9 +270,9 @@ def _drop_history(request: _Request, policy: FoldPolicy,
                   originals: Originals | None) -> list[str]:
     """Stage 3: the unprotected history left as one notice per run (on the request only)."""
     notices = policy.model_copy(update={"layers": ("drop-oldest",)})
-    result = fold_window(request.items, notices, None, calibration=request.calibration,
+    result = fold_window(request.items, FoldVisit(notices, None, calibration=request.calibration,
                          trigger="overflow", force=True, target_tokens=0,
-                         counter=request.counter, originals=originals)
+                         counter=request.counter, originals=originals))
     if result.edit.empty:
         return []
     request.items = list(result.window)

@@ -72,7 +72,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.economics import FoldEconomics, expected_calls_left
 from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
 from sessionfold.core.fold_cost import FoldPricing
@@ -278,7 +278,7 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
     choice = _choose(summarizer, claim)
     try:
         result = fold_window(
-            window.items, info.policy, choice.summarizer, system=window.system,
+            window.items, FoldVisit(info.policy, choice.summarizer, system=window.system,
             summarizer_skipped=choice.skipped,
             measured_tokens=_measured(job, info), calibration=info.calibration,
             trigger=job.trigger, force=job.force, target_tokens=job.target_tokens,
@@ -288,7 +288,7 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
             item_chars=window.chars or None,
             # Read only for a clipped output masked (or clipped shorter) now: the stub names the
             # ledger original's size, never a number found in the output.
-            originals=lambda seq: store.recover(sid, seq, seq)[0],
+            originals=lambda seq: store.recover(sid, seq, seq)[0]),
         )
     except out_of_time:
         # The hard limit follows shortly: release the claim now (a recorded visit), so the

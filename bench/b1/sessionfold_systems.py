@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx2
 from sessionfold.core.clip import clip_oversized
-from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldEdit, Trigger, WindowItem
@@ -179,9 +179,9 @@ class _Session:
                target: int | None = None) -> None:
         with self.lock:
             snapshot, latched = list(self.items), set(self.latched)
-        result: FoldResult = fold_window(snapshot, self.policy, self.summarizer,
+        result: FoldResult = fold_window(snapshot, FoldVisit(self.policy, self.summarizer,
                                          system=self.system, trigger=trigger, force=force,
-                                         target_tokens=target, latched=latched)
+                                         target_tokens=target, latched=latched))
         with self.lock:
             self.latched.update(r.fingerprint for r in result.record.refusals
                                 if r.fingerprint is not None)

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessionfold.core.clip import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
-from sessionfold.core.compact import compact, fold_window
+from sessionfold.core.compact import FoldVisit, compact, fold_window
 from sessionfold.core.messages import (
     DocumentBlock,
     Message,
@@ -248,7 +248,8 @@ def test_a_forced_fold_clips_a_parallel_message_the_keep_window_holds() -> None:
     items = [item(Message(role="user", content="review these modules"), seq=0),
              item(calls, seq=1), item(parallel([140] * 5), seq=2)]
     assert COUNTER.message(items[-1].message) > policy.budget_tokens
-    result = fold_window(items, policy, None, trigger="overflow", force=True, counter=COUNTER)
+    result = fold_window(items, FoldVisit(
+            policy, None, trigger="overflow", force=True, counter=COUNTER))
     assert "clip-oversized" in result.record.layers_run
     assert result.window[-1].edits == ("clipped",)
     assert COUNTER.message(result.window[-1].message) <= policy.max_item_tokens

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.economics import (
     FoldEconomics,
     FoldShape,
@@ -74,8 +74,9 @@ def policy(layers: Sequence[LayerName], *, over: float = 0.86, **kw: object) -> 
 
 def visit(items: Sequence[WindowItem], pol: FoldPolicy, *, trigger: Trigger = "threshold",
           economics: FoldEconomics | None = WARM, force: bool = False) -> FoldResult:
-    return fold_window(items, pol, ExtractiveSummarizer(), counter=COUNTER, trigger=trigger,
-                       economics=economics, force=force)
+    return fold_window(items, FoldVisit(
+            pol, ExtractiveSummarizer(), counter=COUNTER, trigger=trigger,
+            economics=economics, force=force))
 
 
 # --- a shallow fold is refused, a deep one taken --------------------------------------------------
@@ -278,13 +279,13 @@ def test_a_visit_at_the_lowered_trigger_is_priced_too_early_refused_and_waits_fo
     size = sum(COUNTER.message(i.message) for i in short)
     assert size < pol.trigger_tokens
     # Unpriced, a lowered trigger means nothing: the policy's trigger gates.
-    unpriced = fold_window(short, pol, ExtractiveSummarizer(), counter=COUNTER,
-                           trigger="threshold", trigger_tokens=1000)
+    unpriced = fold_window(short, FoldVisit(pol, ExtractiveSummarizer(), counter=COUNTER,
+                           trigger="threshold", trigger_tokens=1000))
     assert unpriced.record.outcome == "nothing-to-fold" and not unpriced.changed
     assert f"the trigger of {pol.trigger_tokens}" in unpriced.record.detail
     # Priced, the visit runs; folding this early costs more than it saves.
-    early = fold_window(short, pol, ExtractiveSummarizer(), counter=COUNTER,
-                        trigger="threshold", economics=WARM, trigger_tokens=1000)
+    early = fold_window(short, FoldVisit(pol, ExtractiveSummarizer(), counter=COUNTER,
+                        trigger="threshold", economics=WARM, trigger_tokens=1000))
     assert early.record.outcome == "refused" and not early.changed
     assert early.record.economics is not None
     assert early.record.economics["why"] == "would-not-pay"
@@ -294,8 +295,9 @@ def test_a_visit_at_the_lowered_trigger_is_priced_too_early_refused_and_waits_fo
                       math.ceil(early.record.economics["chosen"]["trigger_tokens"]))
     # Past that size the same visit pays.
     grown = window(steps=40)
-    later = fold_window(grown, pol, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
-                        economics=WARM, trigger_tokens=nxt)
+    later = fold_window(grown, FoldVisit(
+            pol, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
+            economics=WARM, trigger_tokens=nxt))
     assert later.record.outcome == "folded"
     assert later.record.economics is not None and later.record.economics["why"] == "pays"
 
@@ -328,14 +330,15 @@ def test_a_priced_session_is_first_visited_at_half_its_target_and_a_window_one_a
     # policy's trigger (the window, ~63k, is its cost-optimal trigger's 1.6x).
     big = policy(SUMMARIZE, over=0.62)  # the window is just past the target
     assert big.target_tokens < SIZE < big.trigger_tokens
-    first = fold_window(ITEMS, big, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
-                        economics=WARM, trigger_tokens=opening_trigger_tokens(big))
+    first = fold_window(ITEMS, FoldVisit(
+            big, ExtractiveSummarizer(), counter=COUNTER, trigger="threshold",
+            economics=WARM, trigger_tokens=opening_trigger_tokens(big)))
     assert first.record.outcome == "folded" and first.record.economics is not None
     assert first.record.economics["why"] == "pays"
     assert first.record.economics["chosen"]["trigger_tokens"] < SIZE
     # Without the opening trigger the same visit would wait.
-    assert fold_window(ITEMS, big, ExtractiveSummarizer(), counter=COUNTER,
-                       trigger="threshold", economics=WARM).record.outcome == "nothing-to-fold"
+    assert fold_window(ITEMS, FoldVisit(big, ExtractiveSummarizer(), counter=COUNTER,
+                       trigger="threshold", economics=WARM)).record.outcome == "nothing-to-fold"
 
 
 def test_a_priced_visit_with_nothing_to_fold_yet_probes_again_at_twice_its_window() -> None:
@@ -344,8 +347,8 @@ def test_a_priced_visit_with_nothing_to_fold_yet_probes_again_at_twice_its_windo
     size = sum(COUNTER.message(i.message) for i in young)
     pol = FoldPolicy(budget_tokens=size * 8, layers=SUMMARIZE)
     assert 2 * size < pol.target_tokens
-    result = fold_window(young, pol, ExtractiveSummarizer(), counter=COUNTER,
-                         trigger="threshold", economics=WARM, trigger_tokens=size // 2)
+    result = fold_window(young, FoldVisit(pol, ExtractiveSummarizer(), counter=COUNTER,
+                         trigger="threshold", economics=WARM, trigger_tokens=size // 2))
     record = result.record
     assert result.edit.empty and record.outcome == "nothing-to-fold"
     assert record.economics == {"why": "nothing-to-price", "fold": False,
@@ -357,8 +360,8 @@ def test_a_priced_visit_with_nothing_to_fold_yet_probes_again_at_twice_its_windo
     past = record.model_copy(update={"measured_tokens": pol.target_tokens})
     assert next_trigger_tokens(pol, past) == pol.trigger_tokens
     # The same visit unpriced (no prices) has no figures, and waits for the policy's trigger.
-    unpriced = fold_window(young, pol, ExtractiveSummarizer(), counter=COUNTER,
-                           trigger="threshold", trigger_tokens=size // 2).record
+    unpriced = fold_window(young, FoldVisit(pol, ExtractiveSummarizer(), counter=COUNTER,
+                           trigger="threshold", trigger_tokens=size // 2)).record
     assert unpriced.economics is None
     assert next_trigger_tokens(pol, unpriced) == pol.trigger_tokens
 

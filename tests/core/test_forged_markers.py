@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessionfold.core.clip import CLIP_TAG, clip_oversized
-from sessionfold.core.compact import compact, fold_window
+from sessionfold.core.compact import FoldVisit, compact, fold_window
 from sessionfold.core.frame import EarlierFold, summary_frame
 from sessionfold.core.layers import MASK_TAG, mask_item
 from sessionfold.core.messages import Message, ToolResultBlock, parse_message
@@ -117,7 +117,7 @@ def test_identifiers_of_a_forged_summary_count_as_the_spans_own() -> None:
 
 def test_a_forged_frame_in_a_stored_window_item_stays_a_message_to_fold_window() -> None:
     summarizer = Recording()
-    result = fold_window(items_from_messages(with_forgery(14)), POLICY, summarizer)
+    result = fold_window(items_from_messages(with_forgery(14)), FoldVisit(POLICY, summarizer))
     assert result.spans and summarizer.calls[0][1] is None
     assert summarizer.calls[0][0][0] == forged_summary()
 
@@ -170,7 +170,7 @@ def test_a_summary_inside_a_span_reaches_the_summarizer_as_an_earlier_fold() -> 
     tail = items_from_messages([m for n in range(15, 25) for m in step(n)],
                                first_seq=moved[-1].end_seq + 1)
     summarizer = Recording()
-    result = fold_window([*head, *moved, *tail], POLICY, summarizer)
+    result = fold_window([*head, *moved, *tail], FoldVisit(POLICY, summarizer))
     assert result.spans and result.spans[0].start_seq == 1
     given = [m for messages, _ in summarizer.calls for m in messages]
     folds = [m for m in given if isinstance(m, EarlierFold)]
@@ -198,7 +198,7 @@ def test_fold_window_reads_the_original_only_of_a_clipped_output_it_masks() -> N
         return originals.get(seq)
 
     policy = FoldPolicy(budget_tokens=10_000, keep_recent_turns=2, layers=("mask-tool-results",))
-    result = fold_window(window, policy, None, originals=lookup)
+    result = fold_window(window, FoldVisit(policy, None, originals=lookup))
     assert asked == [2]
     assert result.window[2].edits == ("clipped", "masked")
     stub = output_of(result.window[2].message)

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessionfold.core.clip import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
-from sessionfold.core.compact import FoldResult, compact, fold_window
+from sessionfold.core.compact import FoldResult, FoldVisit, compact, fold_window
 from sessionfold.core.errors import TransientSummarizerError
 from sessionfold.core.frame import FRAME_TAG, frame_info
 from sessionfold.core.layers import MASK_TAG, RECALL_DROPPED_TAG, THINKING_PLACEHOLDER
@@ -476,8 +476,8 @@ def replay(messages: Sequence[Message], policy: FoldPolicy, summarizer: Summariz
             window.append(clip_oversized(item, seq, policy.max_item_tokens, COUNTER))
         if window_estimate(window, system) <= policy.trigger_tokens:
             continue
-        result = fold_window(window, policy, summarizer, system=system, pinned=pins,
-                             latched=latched, counter=COUNTER, trigger="threshold")
+        result = fold_window(window, FoldVisit(policy, summarizer, system=system, pinned=pins,
+                             latched=latched, counter=COUNTER, trigger="threshold"))
         check_edit(window, result)
         check_window(messages[:seq + 1], result.window, policy, pins, recall)
         check_record(result.record, result.window, system)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from sessionfold.core.clip import clip_oversized
-from sessionfold.core.compact import fold_window
+from sessionfold.core.compact import FoldVisit, fold_window
 from sessionfold.core.errors import InvalidPolicyError
 from sessionfold.core.frame import (
     frame_info,
@@ -127,7 +127,7 @@ def over_budget_window() -> list[WindowItem]:
 def test_a_fold_drops_recall_exchanges_first_and_whole() -> None:
     window = over_budget_window()
     policy = FoldPolicy(budget_tokens=2500, keep_recent_turns=2)
-    result = fold_window(window, policy, Recording(), counter=COUNTER)
+    result = fold_window(window, FoldVisit(policy, Recording(), counter=COUNTER))
     assert result.record.layers_run[0] == "drop-recall"
     dropped = [i for i in result.window if i.kind == "recall"]
     assert len(dropped) == 1 and dropped[0].edits == ("dropped",)
@@ -145,7 +145,7 @@ def test_when_dropping_recall_is_enough_nothing_else_changes() -> None:
     # A target the drop alone reaches: only the exchanges leave.
     policy = FoldPolicy(budget_tokens=int((total - recall_tokens + 200) / 0.6) + 1,
                         trigger_ratio=0.61, keep_recent_turns=1)
-    result = fold_window(window, policy, Recording(), counter=COUNTER, force=True)
+    result = fold_window(window, FoldVisit(policy, Recording(), counter=COUNTER, force=True))
     assert result.record.layers_run == ("drop-recall",)
     assert [i.start_seq for i in result.edit.replaced] == [4, 5, 6, 7]
 
@@ -154,7 +154,7 @@ def test_recall_exchanges_inside_the_keep_window_are_kept() -> None:
     window = window_of([("agent", [user("task"), *step(1), *step(2), user("and?")]),
                         ("recall", exchange(1))])
     policy = FoldPolicy(budget_tokens=1000, keep_recent_turns=1)
-    result = fold_window(window, policy, Recording(), counter=COUNTER, force=True)
+    result = fold_window(window, FoldVisit(policy, Recording(), counter=COUNTER, force=True))
     assert [i for i in result.window if i.kind == "recall"] == window[-2:]
 
 
@@ -166,7 +166,7 @@ def test_an_exchange_the_model_moved_past_is_dropped_even_inside_the_keep_window
                         ("recall", exchange(1)), ("agent", step(2))])
     policy = FoldPolicy(budget_tokens=1000, keep_recent_turns=2)
     assert protect(window, policy).reason(group_turns(window)[3]) == "inside-keep-window"
-    result = fold_window(window, policy, Recording(), counter=COUNTER, force=True)
+    result = fold_window(window, FoldVisit(policy, Recording(), counter=COUNTER, force=True))
     dropped = [i for i in result.window if i.kind == "recall"]
     assert len(dropped) == 1 and dropped[0].edits == ("dropped",)
     assert (dropped[0].start_seq, dropped[0].end_seq) == (4, 5)
@@ -185,11 +185,11 @@ def test_a_line_left_by_an_earlier_drop_is_never_dropped_alone_but_joins_a_new_d
         kind = "recall" if seq in (3, 4) else "message"
         items.append(WindowItem(start_seq=seq, end_seq=seq, message=message, kind=kind))
     policy = FoldPolicy(budget_tokens=1500, keep_recent_turns=2, layers=("mask-tool-results",))
-    result = fold_window(items, policy, None, counter=COUNTER, force=True)
+    result = fold_window(items, FoldVisit(policy, None, counter=COUNTER, force=True))
     lines = [i for i in result.window if i.kind == "recall"]
     assert [(i.start_seq, i.end_seq) for i in lines] == [(1, 4)]
     alone = fold_window([*items[:2], WindowItem(start_seq=3, end_seq=3, message=user("x"))],
-                        policy, None, counter=COUNTER, force=True)
+                        FoldVisit(policy, None, counter=COUNTER, force=True))
     assert alone.window[1] is earlier  # nothing to gain: left as it is
 
 
@@ -198,7 +198,7 @@ def test_recall_exchanges_are_never_given_to_the_summarizer_nor_checked_for_rete
     summarizer = Recording()
     policy = FoldPolicy(budget_tokens=1200, keep_recent_turns=1, retention_min=1.0,
                         layers=("summarize",))
-    result = fold_window(window, policy, summarizer, counter=COUNTER, force=True)
+    result = fold_window(window, FoldVisit(policy, summarizer, counter=COUNTER, force=True))
     assert summarizer.seen, "the test needs a summary"
     given = "\n".join(searchable_text(m) for call in summarizer.seen for m in call)
     assert "recalled ACCT" not in given and "sessionfold_recall" not in given
@@ -214,8 +214,8 @@ def test_a_run_of_recall_exchanges_alone_is_not_summarized() -> None:
                         max_item_ratio=0.5)
     summarizer = Recording()
     # Step 0 pinned, step 1 kept: between them only the exchange, dropped first.
-    result = fold_window(window, policy, summarizer, counter=COUNTER, force=True,
-                         target_tokens=100, pinned=[1])
+    result = fold_window(window, FoldVisit(policy, summarizer, counter=COUNTER, force=True,
+                         target_tokens=100, pinned=[1]))
     assert "drop-recall" in result.record.layers_run
     refusal = next(r for r in result.record.refusals if r.reason == "only-existing-summary")
     assert (refusal.start_seq, refusal.end_seq) == (3, 4) and "recall" in refusal.detail

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sessionfold.core.compact import FoldResult, fold_window
+from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.frame import fingerprint, summary_message
 from sessionfold.core.messages import Message, check_tool_pairing
 from sessionfold.core.policy import FoldPolicy
@@ -77,11 +77,11 @@ def plan(store: SessionStore, sid: str, *, force: bool = False,
     """fold_window on the stored window with the offline summarizer, as a worker would."""
     info = store.get_session(sid)
     window = store.read_window(sid)
-    return fold_window(window.items, info.policy, ExtractiveSummarizer(max_chars=300),
+    return fold_window(window.items, FoldVisit(info.policy, ExtractiveSummarizer(max_chars=300),
                        system=window.system, calibration=info.calibration,
                        trigger="overflow" if force else "threshold", force=force,
                        target_tokens=target_tokens, latched=store.latched(sid),
-                       originals=lambda seq: store.recover(sid, seq, seq)[0])
+                       originals=lambda seq: store.recover(sid, seq, seq)[0]))
 
 
 def hand_fold(items: Sequence[WindowItem], start: int, stop: int,

@@ -83,7 +83,7 @@ def test_a_window_read_names_each_decoded_items_json_size_and_none_for_a_cached_
     # every shipped transcript message (non-ASCII text, tool inputs, images) and on a summary.
     from pathlib import Path
 
-    from sessionfold.core.compact import fold_window
+    from sessionfold.core.compact import FoldVisit, fold_window
     from sessionfold.core.session_files import load_conversation_file
 
     data = Path(__file__).resolve().parents[1] / "data" / "transcripts"
@@ -97,8 +97,8 @@ def test_a_window_read_names_each_decoded_items_json_size_and_none_for_a_cached_
                                 for i in window.items]
         # The same figures as the engine's own count (no sizes given).
         policy = FoldPolicy(budget_tokens=20_000, economics="window")
-        given = fold_window(window.items, policy, None, item_chars=window.chars)
-        measured = fold_window(window.items, policy, None)
+        given = fold_window(window.items, FoldVisit(policy, None, item_chars=window.chars))
+        measured = fold_window(window.items, FoldVisit(policy, None))
         assert (given.record.chars_before, given.record.chars_after) == (
             measured.record.chars_before, measured.record.chars_after)
     # A committed fold's summary item too.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionfold.core.clip import CLIP_TAG
-from sessionfold.core.compact import fold_window
+from sessionfold.core.compact import FoldVisit, fold_window
 from sessionfold.core.frame import summary_frame
 from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import Message, ToolResultBlock
@@ -76,8 +76,8 @@ def test_an_appended_frame_line_is_a_plain_message_in_the_window(store: SessionS
     assert (forged.kind, forged.start_seq, forged.end_seq) == ("message", 1, 1)
     summarizer = Recording()
     info, window = store.get_session("a"), store.read_window("a")
-    result = fold_window(window.items, info.policy, summarizer, force=True,
-                         target_tokens=POLICY.target_tokens)
+    result = fold_window(window.items, FoldVisit(info.policy, summarizer, force=True,
+                         target_tokens=POLICY.target_tokens))
     messages, previous = summarizer.calls[0]
     assert previous is None  # never passed on as an earlier summary
     assert messages[0] == forged.message and type(messages[0]) is Message
