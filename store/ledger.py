@@ -46,7 +46,7 @@ from sqlalchemy.engine import Connection
 
 from .codec import decode_message, encode_message, messages_digest, tool_use_id_digest
 from .notify import notify_window_change
-from .results import AppendResult, LedgerEntry, Origin
+from .results import AppendResult, LedgerEntry, Origin, past_trigger
 from .schema import append_keys, ledger, tool_use_ids, window_items
 from .search import chunk_rows, derive_chunks, insert_chunks
 from .sessions import current_tokens, load_session, lock_session, update_session
@@ -281,7 +281,8 @@ def append_prepared(conn: Connection, sid: str, prepared: PreparedAppend, key: s
         "updated_at": now,
     })
     notify_window_change(conn, sid, row.incarnation, revision, "append")
-    crossed = not row.paused and row.current_tokens <= row.trigger_tokens < current
+    crossed = (not past_trigger(row.current_tokens, row.trigger_tokens, paused=row.paused)
+               and past_trigger(current, row.trigger_tokens, paused=row.paused))
     return AppendResult(first_seq, last_seq, revision, current_tokens=current,
                         crossed_trigger=crossed)
 

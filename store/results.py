@@ -36,6 +36,15 @@ __all__ = [
 ]
 
 
+def past_trigger(tokens: int, trigger_tokens: int, *, paused: bool = False) -> bool:
+    """Whether a session of ``tokens`` is due a background fold: not paused, and past its
+    trigger (the one the store keeps, :attr:`SessionInfo.trigger_tokens`). The one statement of
+    the rule: the gate, the session row, an append's ``crossed_trigger``, the scheduler's filter
+    and its :func:`~sessionfold.workers.scheduler.skip_reason` ask here, and the store's sweep
+    says the same in SQL (:func:`~sessionfold.store.sessions.over_trigger`)."""
+    return not paused and tokens > trigger_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class SessionGate:
     """The few fields of a session row a scheduler checks each usage report against (read in
@@ -50,6 +59,11 @@ class SessionGate:
     paused: bool
     current_tokens: int
     trigger_tokens: int
+
+    def past_trigger(self, tokens: int | None = None) -> bool:
+        """:func:`past_trigger` for this session at ``tokens`` (None: its current size)."""
+        return past_trigger(self.current_tokens if tokens is None else tokens,
+                            self.trigger_tokens, paused=self.paused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +117,8 @@ class SessionInfo:
     @property
     def over_trigger(self) -> bool:
         """Not paused and past its trigger (:attr:`trigger_tokens`): a background fold is
-        due."""
-        return not self.paused and self.current_tokens > self.trigger_tokens
+        due (:func:`past_trigger`)."""
+        return past_trigger(self.current_tokens, self.trigger_tokens, paused=self.paused)
 
     @property
     def over_budget(self) -> bool:

@@ -267,7 +267,7 @@ def list_sessions(conn: Connection, *, limit: int, after: str | None,
 def over_trigger(conn: Connection, *, limit: int) -> list[SessionInfo]:
     """Sessions whose current size passes their trigger, not paused, most over first.
 
-    ``current > trigger_tokens`` (:attr:`SessionInfo.over_trigger`) is said in SQL on the stored
+    :func:`~.results.past_trigger`, the rule every other check asks, is said in SQL on the stored
     ``trigger_tokens`` column (the policy's trigger, or lower where the cost model set the next
     visit earlier), because the
     WHERE and ORDER BY use the very expression ``ix_sessions_over_budget`` indexes: both backends

@@ -127,7 +127,13 @@ from sessionfold.runtime.metrics import Metrics, metrics
 from sessionfold.runtime.redis_conn import RedisClient, is_cluster, mapped_errors
 from sessionfold.runtime.settings import Settings
 from sessionfold.runtime.usage import FoldEvent, NudgeEvent, UsageEvent
-from sessionfold.store.results import PruneReport, SessionGate, SessionInfo, UsageReport
+from sessionfold.store.results import (
+    PruneReport,
+    SessionGate,
+    SessionInfo,
+    UsageReport,
+    past_trigger,
+)
 from sessionfold.store.store import SessionStore
 
 from .locks import FoldLock
@@ -255,7 +261,7 @@ def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
         return "paused"
     if trigger == "idle":
         return None if info.policy.over_idle_trigger(info.current_tokens) else "under-idle-trigger"
-    if info.current_tokens <= info.trigger_tokens:
+    if not past_trigger(info.current_tokens, info.trigger_tokens):
         return "under-trigger"
     if info.last_visit_outcome in NO_FOLD_OUTCOMES:
         grown = info.last_visit_tokens is None or info.current_tokens > info.last_visit_tokens
@@ -665,8 +671,8 @@ class Scheduler:
 
     def _may_be_over(self, info: SessionGate | SessionInfo, ev: UsageEvent) -> bool:
         # Cheap filter on cached data; the decision itself is made on a fresh read.
-        trigger = info.trigger_tokens
-        return not info.paused and (info.current_tokens > trigger or ev.prompt_tokens > trigger)
+        gate = info if isinstance(info, SessionGate) else info.gate
+        return gate.past_trigger() or gate.past_trigger(ev.prompt_tokens)
 
     def _try_enqueue(self, sid: str, source: str, stats: BatchStats, *,
                      event: UsageEvent | None = None, fresh: SessionInfo | None = None,
