@@ -3,8 +3,11 @@
 Prices are data, never constants in the formulas: :data:`DEFAULT_PRICES` holds published list
 prices and :func:`price_table` applies the settings' overrides. One call costs
 ``uncached·p + read·r·p + write·w·p + output·p_out`` (:meth:`ModelPrices.cost`;
-:func:`call_cost` from a provider's usage, :func:`request_cost` from predicted counts). Prices
-are settings: invalid ones raise InvalidPolicyError naming the field. ``docs/cost-model.md``
+:func:`call_cost` from a provider's usage, :func:`request_cost` from predicted counts). A call
+through a provider's batch API (Anthropic's Message Batches, OpenAI's Batch API) costs
+``batch_multiplier`` of that, every part alike: :meth:`ModelPrices.batched` gives the prices
+it is billed at. Prices are settings: invalid ones raise InvalidPolicyError naming the field.
+:func:`summarizer_prices` finds a summarizer model's entry, or its family's. ``docs/cost-model.md``
 walks through the numbers.
 """
 
@@ -32,6 +35,7 @@ from .usage import CacheTTL, CallTokens, UsageShape, check_ttl, usage_tokens
 
 __all__ = [
     "DEFAULT_PRICES",
+    "SUMMARIZER_FAMILIES",
     "CallCost",
     "ModelPrices",
     "SettingsValue",
@@ -40,6 +44,7 @@ __all__ = [
     "prices_for",
     "request_cost",
     "summarizer_dollars",
+    "summarizer_prices",
 ]
 
 _PER_MTOK = 1_000_000
@@ -88,14 +93,17 @@ _BOOL = TypeAdapter(bool)
 class ModelPrices(SettingsValue):
     """One model's published prices, in US dollars per million tokens, and its cache's terms.
 
-    The defaults are Anthropic's terms (read 0.1×, write 1.25× for 5 minutes and 2× for an hour,
-    usage in Anthropic's shape). A provider without a write premium sets
+    The cache defaults are Anthropic's terms (read 0.1×, write 1.25× for 5 minutes and 2× for an
+    hour, usage in Anthropic's shape). A provider without a write premium sets
     ``write_premium=False``, and its write multipliers default to 1 (a write costs plain
-    input; giving them another value is refused as a contradiction)::
+    input; giving them another value is refused as a contradiction). ``batch_multiplier`` is
+    what a call through the provider's batch API pays of the list price, every part alike
+    (0.5 for both providers' batch APIs); it defaults to 1, no discount, for a model whose
+    entry does not say it has one::
 
-        ModelPrices(input_per_mtok=3, output_per_mtok=15)                      # Sonnet 4.5
+        ModelPrices(input_per_mtok=3, output_per_mtok=15, batch_multiplier=0.5)  # Sonnet 4.5
         ModelPrices(input_per_mtok=2.5, output_per_mtok=10, cache_read_multiplier=0.5,
-                    write_premium=False, usage_shape="openai")                 # gpt-4o
+                    write_premium=False, usage_shape="openai")                   # gpt-4o
     """
 
     input_per_mtok: float
@@ -105,6 +113,7 @@ class ModelPrices(SettingsValue):
     cache_write_1h_multiplier: float = 2.0
     write_premium: bool = True
     usage_shape: UsageShape = "anthropic"
+    batch_multiplier: float = 1.0
 
     @model_validator(mode="before")
     @classmethod
@@ -136,6 +145,9 @@ class ModelPrices(SettingsValue):
                 "write_premium=False means a cache write costs plain input: the write "
                 "multipliers must be 1 (or left out), got "
                 f"{self.cache_write_5m_multiplier} and {self.cache_write_1h_multiplier}")
+        if not 0 < self.batch_multiplier <= 1:
+            raise ValueError("batch_multiplier is what a batch call pays of the list price: it "
+                             f"must be in (0, 1], got {self.batch_multiplier}")
         if self.cache_write_1h_multiplier < self.cache_write_5m_multiplier:
             raise ValueError(
                 "cache_write_1h_multiplier must be >= cache_write_5m_multiplier (a longer "
@@ -150,6 +162,22 @@ class ModelPrices(SettingsValue):
     @property
     def output_per_token(self) -> float:
         return self.output_per_mtok / _PER_MTOK
+
+    def batched(self) -> ModelPrices:
+        """The prices a call through the provider's batch API is billed at: input and output
+        times ``batch_multiplier``, the cache's multipliers unchanged (so a cache read or write
+        in a batch is discounted alike), and no further discount.
+
+        Example (Haiku 4.5 at $1/$5 in a batch)::
+
+            DEFAULT_PRICES["claude-haiku-4-5"].batched().output_per_mtok   # 2.5
+        """
+        if self.batch_multiplier == 1:
+            return self
+        return self.model_copy(update={
+            "input_per_mtok": self.input_per_mtok * self.batch_multiplier,
+            "output_per_mtok": self.output_per_mtok * self.batch_multiplier,
+            "batch_multiplier": 1.0})
 
     def write_multiplier(self, ttl: CacheTTL) -> float:
         """What a cache write of lifetime ``ttl`` costs, as a multiple of the input price."""
@@ -170,27 +198,65 @@ class ModelPrices(SettingsValue):
         )
 
 
+# Both batch APIs bill half the list price (Anthropic's Message Batches: every part of a call,
+# its cache reads and writes included; OpenAI's Batch API: input and output).
 _ANTHROPIC = {"cache_read_multiplier": 0.1, "cache_write_5m_multiplier": 1.25,
               "cache_write_1h_multiplier": 2.0, "write_premium": True,
-              "usage_shape": "anthropic"}
-_OPENAI = {"write_premium": False, "usage_shape": "openai"}
+              "usage_shape": "anthropic", "batch_multiplier": 0.5}
+_OPENAI = {"write_premium": False, "usage_shape": "openai", "batch_multiplier": 0.5}
 
 #: Published list prices (USD per million tokens) the settings start from; override them with
 #: :func:`price_table`. Keys are model ids without a date suffix (see :func:`prices_for`).
+#:
+#: Sources, as stored copies of the providers' pages read on 2026-12 (this machine has no web
+#: access): Anthropic, platform.claude.com/docs/en/about-claude/pricing and each model's
+#: overview page, and the batch-processing page (50 %); OpenAI, developers.openai.com/api/docs/
+#: pricing and each model's page (the "Batch API price" tab: half). Check them before billing.
 DEFAULT_PRICES: Mapping[str, ModelPrices] = MappingProxyType({
+    # Anthropic. Sonnet 4.5 $3/$15; Opus 4.1 $15/$75 (the pricing page: retired on the Claude
+    # API, still served on Bedrock and Google Cloud; batch $7.50 / $37.50).
     "claude-sonnet-4-5": ModelPrices(input_per_mtok=3.0, output_per_mtok=15.0, **_ANTHROPIC),
-    "claude-haiku-4-5": ModelPrices(input_per_mtok=1.0, output_per_mtok=5.0, **_ANTHROPIC),
-    # The summarizer's default model (Settings.summarizer_model), at Haiku's prices.
-    "claude-haiku-5-5": ModelPrices(input_per_mtok=1.0, output_per_mtok=5.0, **_ANTHROPIC),
     "claude-opus-4-1": ModelPrices(input_per_mtok=15.0, output_per_mtok=75.0, **_ANTHROPIC),
+    # Haiku 4.5 (claude-haiku-4-5-20251001): $1 in, $5 out, writes $1.25 / $2, reads $0.10;
+    # batch $0.50 / $2.50. Model overview page, 2026-12.
+    "claude-haiku-4-5": ModelPrices(input_per_mtok=1.0, output_per_mtok=5.0, **_ANTHROPIC),
+    # Haiku 3.5 (claude-3-5-haiku-20241022): $0.80 in, $4 out, writes $1, reads $0.08; batch
+    # $0.40 / $2 (docs.anthropic.com batch-processing page, a 2025 copy; no 2026 copy lists it).
+    # Retired on the Claude API on 2026-02-19 (Google Cloud: 2026-07-05): kept for Bedrock and
+    # for settings that still name it.
+    "claude-3-5-haiku": ModelPrices(input_per_mtok=0.8, output_per_mtok=4.0, **_ANTHROPIC),
+    # The summarizer's default model (Settings.summarizer_model). Haiku 5.5 (2026-10-07) is
+    # published at $0.10 in / $0.50 out for prompts up to 100K tokens and $0.50 / $2.50 (every
+    # token of the call) above; reads and writes at 0.1× / 1.25× / 2× of either. This table has
+    # no prompt-length tier, and B1 bills and plans its summaries at Haiku 4.5's prices, so the
+    # entry stays at Haiku 4.5's $1/$5 until both move: it over-counts, never under-counts.
+    "claude-haiku-5-5": ModelPrices(input_per_mtok=1.0, output_per_mtok=5.0, **_ANTHROPIC),
+    # OpenAI: cached input is a discount on input with no write premium, read at 0.5× (gpt-4o
+    # family), 0.25× (gpt-4.1 family) or 0.1× (gpt-5 family). Not sure: whether the Batch API
+    # halves cached input too on the older families (the gpt-5 pages say so for theirs).
+    # gpt-4o $2.50 / cached $1.25 / $10; gpt-4o-mini $0.15 / $0.075 / $0.60.
     "gpt-4o": ModelPrices(input_per_mtok=2.5, output_per_mtok=10.0,
                           cache_read_multiplier=0.5, **_OPENAI),
     "gpt-4o-mini": ModelPrices(input_per_mtok=0.15, output_per_mtok=0.6,
                                cache_read_multiplier=0.5, **_OPENAI),
+    # gpt-4.1 $2 / $0.50 / $8; gpt-4.1-mini $0.40 / $0.10 / $1.60 (batch $0.20 / $0.80);
+    # gpt-4.1-nano $0.10 / $0.025 / $0.40 (batch $0.05 / $0.20). OpenAI's own pricing page no
+    # longer lists the 4.x models (2026); these are their last published figures.
     "gpt-4.1": ModelPrices(input_per_mtok=2.0, output_per_mtok=8.0,
                            cache_read_multiplier=0.25, **_OPENAI),
+    "gpt-4.1-mini": ModelPrices(input_per_mtok=0.4, output_per_mtok=1.6,
+                                cache_read_multiplier=0.25, **_OPENAI),
+    "gpt-4.1-nano": ModelPrices(input_per_mtok=0.1, output_per_mtok=0.4,
+                                cache_read_multiplier=0.25, **_OPENAI),
+    # gpt-5 $1.25 / $0.125 / $10; gpt-5-mini $0.25 / $0.025 / $2 and gpt-5-nano $0.05 / $0.005
+    # / $0.40 (their model pages, 2026-12, which mark both deprecated). Reasoning tokens are
+    # billed as output.
     "gpt-5": ModelPrices(input_per_mtok=1.25, output_per_mtok=10.0,
                          cache_read_multiplier=0.1, **_OPENAI),
+    "gpt-5-mini": ModelPrices(input_per_mtok=0.25, output_per_mtok=2.0,
+                              cache_read_multiplier=0.1, **_OPENAI),
+    "gpt-5-nano": ModelPrices(input_per_mtok=0.05, output_per_mtok=0.4,
+                              cache_read_multiplier=0.1, **_OPENAI),
 })
 
 _WRITE_FIELDS = ("cache_write_5m_multiplier", "cache_write_1h_multiplier")
@@ -257,6 +323,48 @@ def prices_for(model: str, table: Mapping[str, ModelPrices] = DEFAULT_PRICES) ->
             "Add its prices to the settings (input_per_mtok, output_per_mtok, and its cache "
             "terms if they are not Anthropic's)")
     return found
+
+
+#: Summarizer model families: a part of a model id that names one, and the entry that prices a
+#: model of it the table does not list (a gateway's ``openai/gpt-4.1-mini``, Bedrock's
+#: ``anthropic.claude-haiku-4-5-…-v1:0``, a new snapshot name). Most specific first. Only
+#: families whose unlisted members cost no more than the entry are here: ``gpt-5`` is not one
+#: (``gpt-5-pro`` costs twelve times as much), nor ``gpt-4o`` (its realtime models cost double).
+SUMMARIZER_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("3-5-haiku", "claude-3-5-haiku"),
+    ("haiku", "claude-haiku-4-5"),
+    ("sonnet", "claude-sonnet-4-5"),
+    ("opus", "claude-opus-4-1"),
+    ("gpt-4o-mini", "gpt-4o-mini"),
+    ("gpt-4.1-mini", "gpt-4.1-mini"),
+    ("gpt-4.1-nano", "gpt-4.1-nano"),
+    ("gpt-5-mini", "gpt-5-mini"),
+    ("gpt-5-nano", "gpt-5-nano"),
+)
+
+
+def summarizer_prices(model: str,
+                      table: Mapping[str, ModelPrices] = DEFAULT_PRICES) -> ModelPrices:
+    """The prices of a summarizer ``model``: its own entry (:func:`prices_for`), else its
+    family's (:data:`SUMMARIZER_FAMILIES`), as ``table`` has it.
+
+    Any other model raises InvalidPolicyError saying to add it to ``SESSIONFOLD_PRICES``: the
+    settings refuse it at start rather than let the spend cap count it at a guess.
+    """
+    try:
+        return prices_for(model, table)
+    except InvalidPolicyError:
+        pass
+    name = model.lower()
+    for family, entry in SUMMARIZER_FAMILIES:
+        if family in name and entry in table:
+            return table[entry]
+    raise InvalidPolicyError(
+        f"no prices for summarizer model {model!r}: neither its id nor a family it names "
+        f"({', '.join(f for f, _ in SUMMARIZER_FAMILIES)}) is in the price table. Add it to "
+        'SESSIONFOLD_PRICES, e.g. {"' + model + '": {"input_per_mtok": 0.4, '
+        '"output_per_mtok": 1.6, "usage_shape": "openai", "write_premium": false}} '
+        "(all 0 for a model you serve yourself)")
 
 
 @dataclass(frozen=True, slots=True)

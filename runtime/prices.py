@@ -6,20 +6,22 @@ The table is :data:`sessionfold.core.prices.DEFAULT_PRICES` with the settings' o
 metrics (``summarizer_cost_usd_total``) count with :func:`summarizer_cost_usd`; the fold
 procedure prices a fold's cache break with :func:`fold_pricing`.
 
-A summarizer model the table does not name (exactly, or as a dated snapshot id) is priced as
-its family's entry (``haiku`` → ``claude-haiku-4-5``, ``sonnet`` → ``claude-sonnet-4-5``,
-``opus`` → ``claude-opus-4-1``), else as Haiku: the spend cap must keep counting when a new
-snapshot name appears. Add the model to ``SESSIONFOLD_PRICES`` to price it exactly.
+A summarizer model is priced by its own entry, else by its family's
+(:func:`~sessionfold.core.prices.summarizer_prices`); the settings refuse any other at start.
+A model that still arrives unpriced (a summarizer passed in code, a provider answering with a
+name of its own) is counted at the dearest entry of the table, with a warning: a spend cap that
+over-counts stops early, one that under-counts lets spend through.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sessionfold.core.errors import InvalidPolicyError
 from sessionfold.core.fold_cost import FoldPricing
-from sessionfold.core.prices import DEFAULT_PRICES, ModelPrices, prices_for
+from sessionfold.core.prices import DEFAULT_PRICES, ModelPrices, prices_for, summarizer_prices
 from sessionfold.core.usage import CallTokens
 from sessionfold.core.window import SummarizerUsage
 
@@ -28,25 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = ["fold_pricing", "summarizer_cost_usd", "summarizer_prices"]
 
-#: Model family (a part of the id) → the table entry that prices an unlisted model of it.
-_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("haiku", "claude-haiku-4-5"),
-    ("sonnet", "claude-sonnet-4-5"),
-    ("opus", "claude-opus-4-1"),
-)
-_FALLBACK = "claude-haiku-4-5"
+log = logging.getLogger(__name__)
 
-
-def summarizer_prices(model: str,
-                      table: Mapping[str, ModelPrices] = DEFAULT_PRICES) -> ModelPrices:
-    """The prices of a summarizer ``model``: its own entry, else its family's (module doc)."""
-    try:
-        return prices_for(model, table)
-    except InvalidPolicyError:
-        pass
-    name = model.lower()
-    entry = next((alias for family, alias in _FAMILIES if family in name), _FALLBACK)
-    return table.get(entry) or DEFAULT_PRICES[entry]
+#: Unpriced models already warned about in this process (once each, not once per fold).
+_warned: set[str] = set()
 
 
 def summarizer_cost_usd(usage: SummarizerUsage,
@@ -54,21 +41,37 @@ def summarizer_cost_usd(usage: SummarizerUsage,
     """What ``usage`` costs at its model's prices in ``table``.
 
     A summarizer's usage is in Anthropic's shape whatever the model (``input_tokens`` exclude
-    cache reads and writes); cache writes are priced at the 5-minute lifetime.
+    cache reads and writes); cache writes are priced at the 5-minute lifetime. Usage of no
+    tokens (the offline summarizer's) costs nothing, whatever its model.
     """
-    prices = summarizer_prices(usage.model, table)
-    return prices.cost(CallTokens(
+    tokens = CallTokens(
         uncached=usage.input_tokens, cache_read=usage.cache_read_input_tokens,
-        cache_write_5m=usage.cache_creation_input_tokens, output=usage.output_tokens)).total
+        cache_write_5m=usage.cache_creation_input_tokens, output=usage.output_tokens)
+    if not tokens.prompt and not tokens.output:
+        return 0.0
+    return _prices_counted(usage.model, table).cost(tokens).total
+
+
+def _prices_counted(model: str, table: Mapping[str, ModelPrices]) -> ModelPrices:
+    try:
+        return summarizer_prices(model, table)
+    except InvalidPolicyError:
+        dearest = max(table.values(), key=lambda p: (p.output_per_mtok, p.input_per_mtok))
+        if model not in _warned:
+            _warned.add(model)
+            log.warning("summarizer model %r has no prices: counted at the dearest in the table "
+                        "($%g in, $%g out per million tokens); add it to SESSIONFOLD_PRICES",
+                        model, dearest.input_per_mtok, dearest.output_per_mtok)
+        return dearest
 
 
 def fold_pricing(settings: Settings) -> FoldPricing:
     """What background folds are priced with (policy ``economics="dollars"``): the agents'
-    model, the summarizer's (free when it is the offline one) and the cache's lifetime, all
-    from the settings' one price table."""
+    model, the summarizer's (its entry or its family's; free when it is the offline one) and
+    the cache's lifetime, all from the settings' one price table."""
     table = settings.price_table()
-    summarizer = (summarizer_prices(settings.summarizer_model, table)
-                  if settings.summarizer_kind == "anthropic"
-                  else ModelPrices(input_per_mtok=0, output_per_mtok=0))
+    summarizer = (ModelPrices(input_per_mtok=0, output_per_mtok=0)
+                  if settings.summarizer_kind == "offline"
+                  else summarizer_prices(settings.summarizer_model, table))
     return FoldPricing(agent=prices_for(settings.agent_model, table), summarizer=summarizer,
                        ttl=settings.cache_ttl)

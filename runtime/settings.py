@@ -7,7 +7,7 @@ Every process of the pipeline (scheduler, worker, ``sessionfold up``, the replay
     settings = Settings(redis_url="redis://127.0.0.1:6379/15", key_prefix="t1:")  # in a test
 
 The standard variables keep their usual names (``DATABASE_URL``, ``REDIS_URL``,
-``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``; the prefixed spelling is accepted too); every
+``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``); every
 other field is read from ``SESSIONFOLD_<FIELD NAME>``, for example
 ``SESSIONFOLD_TASK_TIME_LIMIT_S=120``. An absent ``REDIS_URL`` means the embedded Redis server
 (:class:`~sessionfold.runtime.redis_conn.EmbeddedRedis`), an absent ``DATABASE_URL`` the SQLite
@@ -43,7 +43,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sessionfold.core.errors import InvalidInputError, InvalidPolicyError
-from sessionfold.core.prices import ModelPrices, price_table, prices_for
+from sessionfold.core.prices import ModelPrices, price_table, prices_for, summarizer_prices
 from sessionfold.core.pydantic_errors import explain
 from sessionfold.core.usage import TTL_SECONDS, CacheTTL
 from sessionfold.store.engine import DEFAULT_DATA_DIR, default_sqlite_url
@@ -51,10 +51,12 @@ from sessionfold.store.pruning import RetentionRules
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from .providers import DEFAULT_SUMMARIZER_MODELS
+
 __all__ = ["ENV_PREFIX", "Settings", "SummarizerKind", "env_name", "redact_url"]
 
 ENV_PREFIX = "SESSIONFOLD_"
-SummarizerKind = Literal["anthropic", "offline"]
+SummarizerKind = Literal["anthropic", "openai", "offline"]
 
 #: Fields read from their conventional, unprefixed variable.
 _PLAIN_ENV = {
@@ -62,8 +64,11 @@ _PLAIN_ENV = {
     "redis_url": "REDIS_URL",
     "anthropic_api_key": "ANTHROPIC_API_KEY",
     "anthropic_base_url": "ANTHROPIC_BASE_URL",
+    "openai_api_key": "OPENAI_API_KEY",
+    "openai_base_url": "OPENAI_BASE_URL",
 }
-_URL_FIELDS = ("database_url", "redis_url", "anthropic_base_url", "broker_url")
+_URL_FIELDS = ("database_url", "redis_url", "anthropic_base_url", "openai_base_url",
+               "broker_url")
 
 
 def env_name(field: str) -> str:
@@ -182,10 +187,22 @@ class Settings(BaseSettings):
     anthropic_api_key: SecretStr | None = _plain("anthropic_api_key")
     #: Messages API endpoint; None: the SDK's default (tests point it at a fake provider).
     anthropic_base_url: str | None = _plain("anthropic_base_url")
-    #: Unset: "anthropic" when an API key is set, else "offline" (extractive). Never None once
-    #: validated; :attr:`summarizer_kind` gives it typed.
+    #: The key of an OpenAI-compatible chat completions server (summarizer ``openai``); a server
+    #: that takes none (a local vLLM or Ollama) still needs some value, as the SDK does.
+    openai_api_key: SecretStr | None = _plain("openai_api_key")
+    #: Its endpoint, up to ``/v1`` (``http://localhost:11434/v1``); None: OpenAI's.
+    openai_base_url: str | None = _plain("openai_base_url")
+    #: ``anthropic``, ``openai`` (any chat completions server) or ``offline``. Unset:
+    #: "anthropic" when an Anthropic key is set, else "offline" (extractive); ``openai`` is only
+    #: ever chosen by name. Never None once validated; :attr:`summarizer_kind` gives it typed.
     summarizer: SummarizerKind | None = Field(default=None, validate_default=True)
+    #: Unset: the provider's default (``providers.DEFAULT_SUMMARIZER_MODELS``). It must have prices
+    #: (its own, or its family's: :func:`~sessionfold.core.prices.summarizer_prices`).
     summarizer_model: str = Field(default="claude-haiku-5-5", min_length=1)
+    #: The most transcript tokens one summarizer call carries (larger spans are summarized in
+    #: chunks); None: the provider's own (150,000 Anthropic, 100,000 OpenAI-compatible). Set it
+    #: below the window of a model you serve yourself.
+    summarizer_context_tokens: int | None = Field(default=None, ge=1000)
     #: Global cap on summarizer calls in flight across all workers.
     summarizer_max_concurrency: int = Field(default=4, ge=1)
     summarizer_timeout_s: float = Field(default=60.0, gt=0)
@@ -371,7 +388,29 @@ class Settings(BaseSettings):
         if self.summarizer == "anthropic" and self.anthropic_api_key is None:
             raise ValueError(f"summarizer 'anthropic' needs {env_name('anthropic_api_key')}; "
                              "set it, or set SESSIONFOLD_SUMMARIZER=offline")
+        if self.summarizer == "openai" and self.openai_api_key is None:
+            raise ValueError(f"summarizer 'openai' needs {env_name('openai_api_key')} (any "
+                             "value for a server that takes no key); set it, or set "
+                             "SESSIONFOLD_SUMMARIZER=offline")
+        if self.summarizer != "offline":
+            try:
+                summarizer_prices(self.summarizer_model, price_table(self.prices))
+            except InvalidPolicyError as exc:
+                raise ValueError(f"{env_name('summarizer_model')}: {exc}") from None
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_model(cls, data: Any) -> Any:
+        # The summarizer model's default depends on the provider: fill it in before the fields
+        # are validated (the settings are frozen after). Input keys are field names, whether the
+        # value came from a keyword or from SESSIONFOLD_SUMMARIZER.
+        if (isinstance(data, Mapping) and data.get("summarizer_model") is None
+                and isinstance(data.get("summarizer"), str)):
+            model = DEFAULT_SUMMARIZER_MODELS.get(data["summarizer"])
+            if model is not None:
+                return {**data, "summarizer_model": model}
+        return data
 
     @field_validator("prices", mode="before")
     @classmethod

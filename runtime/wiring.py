@@ -7,7 +7,7 @@ turns them into connections, so that each of these decisions is made here and no
     store = open_store(settings)                    # migrated if SQLite, else schema checked
     with redis_url_for(settings) as url:            # REDIS_URL, or the embedded server's URL
         ...
-    summarizer = make_summarizer(settings)          # Anthropic's cheap model, or the offline one
+    summarizer = make_summarizer(settings)          # a cheap model's provider, or the offline one
     guard = summarizer_guard(settings, redis, summarizer, inline=False)
 
 - **The store**: ``DATABASE_URL``, else the SQLite file ``<data dir>/sessionfold.db``
@@ -31,11 +31,12 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sessionfold.core.errors import RedisUnavailableError
+from sessionfold.core.errors import InvalidInputError, RedisUnavailableError
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer
 from sessionfold.store import SessionStore
 
 from .keys import Keys
+from .providers import DEFAULT_CONTEXT_TOKENS
 from .redis_conn import EmbeddedRedis, RedisClient, agent_path_client
 from .settings import Settings
 from .slots import SummarizerSlots
@@ -179,23 +180,39 @@ def usage_publisher(settings: Settings, url: str) -> UsagePublisher:
 # --- the summarizer ----------------------------------------------------------------------------
 
 def make_summarizer(settings: Settings) -> Summarizer:
-    """The summarizer the settings name: Anthropic's cheap model, or the offline extractive one.
+    """The summarizer the settings name: a cheap model through Anthropic's Messages API or an
+    OpenAI-compatible chat completions server, or the offline extractive one.
 
-    The bare provider, without guards (see :func:`summarizer_guard`). The Anthropic client is
-    built with ``max_retries=0``: the Celery task owns retries, their count and their cap (and
-    the SDK would honour a retry-after without an upper bound). ``ANTHROPIC_BASE_URL``
-    (``settings.anthropic_base_url``) points it at another endpoint (the scripted provider in
-    tests).
+    The bare provider, without guards (see :func:`summarizer_guard`). Its client is built with
+    ``max_retries=0``: the Celery task owns retries, their count and their cap (and the SDKs
+    would honour a retry-after without an upper bound). ``ANTHROPIC_BASE_URL`` /
+    ``OPENAI_BASE_URL`` point it at another endpoint (a gateway, a vLLM or Ollama server, the
+    scripted provider in tests). The OpenAI provider needs the ``sessionfold[openai]`` extra.
     """
-    if settings.summarizer_kind == "anthropic":
-        key = settings.anthropic_api_key
+    kind = settings.summarizer_kind
+    if kind == "offline":
+        return ExtractiveSummarizer()
+    context = settings.summarizer_context_tokens or DEFAULT_CONTEXT_TOKENS[kind]
+    if kind == "anthropic":
         from .providers.anthropic import AnthropicSummarizer  # import cost: ~1 s
 
+        key = settings.anthropic_api_key
         return AnthropicSummarizer(api_key=key.get_secret_value() if key else None,
                                    base_url=settings.anthropic_base_url,
                                    model=settings.summarizer_model,
-                                   timeout=settings.summarizer_timeout_s)
-    return ExtractiveSummarizer()
+                                   timeout=settings.summarizer_timeout_s,
+                                   context_tokens=context)
+    try:
+        from .providers.openai import OpenAISummarizer
+    except ModuleNotFoundError as exc:
+        if exc.name != "openai":
+            raise
+        raise InvalidInputError("summarizer 'openai' needs the openai package: pip install "
+                                "'sessionfold[openai]'") from exc
+    openai_key = settings.openai_api_key
+    return OpenAISummarizer(api_key=openai_key.get_secret_value() if openai_key else None,
+                            base_url=settings.openai_base_url, model=settings.summarizer_model,
+                            timeout=settings.summarizer_timeout_s, context_tokens=context)
 
 
 def summarizer_guard(settings: Settings, client: RedisClient, summarizer: Summarizer, *,

@@ -28,7 +28,6 @@ tokens, the identifiers the request asks it to keep (``must_keep``) listed first
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +39,7 @@ from sessionfold.core.messages import Message, parse_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldEdit, Trigger, WindowItem
 from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
+from sessionfold.runtime.providers.prompt import PromptParts, parse_prompt
 
 from .counting import Counter, Request
 from .fakes import FakeSummarizer
@@ -60,19 +60,21 @@ __all__ = [
 #: The scripted model's context window: a request over it would be rejected (overflow).
 CONTEXT_WINDOW = 200_000
 SUMMARIZER_MODEL = "b1-fake-summarizer"
-_MUST_KEEP = re.compile(r"<<<must-keep-(\w+)>>>\n(.*?)\n<<<end-must-keep-\1>>>", re.S)
-_MATERIAL = re.compile(r"<<<(previous-summary|transcript)-(\w+)>>>\n(.*?)\n<<<end-\1-\2>>>", re.S)
+
+
+def _prompt(content: str) -> PromptParts:
+    parts = parse_prompt(content)
+    if parts is None:
+        raise ValueError("no transcript block in the summarizer prompt: is this a request of "
+                         "sessionfold's summarizer?")
+    return parts
 
 
 def summarizer_material(content: str) -> str:
-    """The conversation in the user message of sessionfold's ``AnthropicSummarizer``: the
-    previous summary and the transcript, between their nonce markers (the instruction and the
-    must-keep list around them are not material)."""
-    found = list(_MATERIAL.finditer(content))
-    if not any(match.group(1) == "transcript" for match in found):
-        raise ValueError("no <<<transcript-…>>> block in the summarizer prompt: has "
-                         "AnthropicSummarizer's layout changed?")
-    return "\n\n".join(match.group(3) for match in found)
+    """The conversation in the user message of sessionfold's summarizer: the previous summary
+    and the transcript, between their nonce markers (the instruction and the must-keep list
+    around them are not material), read by the prompt's own parser."""
+    return _prompt(content).material
 
 
 def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,9 +84,8 @@ def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[st
     a span denser in identifiers than a summary can hold loses some, as it would with a model."""
     content = "\n\n".join(str(m["content"]) for m in body["messages"])
     prompt = "\n\n".join([str(body.get("system", "")), content])
-    keep = [line[2:] for match in _MUST_KEEP.finditer(content)
-            for line in match.group(2).splitlines() if line.startswith("- ")]
-    text = fake.summarize(prompt, summarizer_material(content), must_keep=keep)
+    parts = _prompt(content)
+    text = fake.summarize(prompt, parts.material, must_keep=list(parts.must_keep))
     return {"id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
             "stop_sequence": None,

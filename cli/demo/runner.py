@@ -30,7 +30,7 @@ from rich.live import Live
 from sessionfold.client import Client, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.runtime.settings import Settings
+from sessionfold.runtime.settings import Settings, redact_url
 
 from ..replay import wait_settled
 from ..stack import Stack, StackOptions
@@ -89,6 +89,10 @@ def describe_summarizer(settings: Settings) -> str:
     if settings.summarizer_kind == "anthropic":
         return (f"{settings.summarizer_model} through the Anthropic API "
                 "(ANTHROPIC_API_KEY is set)")
+    if settings.summarizer_kind == "openai":
+        where = redact_url(settings.openai_base_url) or "OpenAI's API"
+        return (f"{settings.summarizer_model} through the chat completions of {where} "
+                "(SESSIONFOLD_SUMMARIZER=openai)")
     why = ("SESSIONFOLD_SUMMARIZER=offline" if settings.anthropic_api_key is not None
            else "ANTHROPIC_API_KEY is not set")
     return (f"the offline extractive summarizer ({why}; with a key the workers call "

@@ -32,10 +32,12 @@ What makes it useful rather than a stub:
   Fault.overloaded(), Fault.overloaded())`` makes the next three requests answer 529, then
   normal service resumes; ``Fault.rate_limited(retry_after=2)``, ``Fault.bad_request()``
   (permanent) and ``provider.fail_always(Fault.bad_request())`` too.
-- **Summaries that keep identifiers**: a request from sessionfold's ``AnthropicSummarizer`` is
-  answered with a short summary naming the identifiers it lists as must-keep and the
-  transcript's most frequent ones (see :func:`echo_reply`), so folds pass the retention check
-  as they would with a good model.
+- **Summaries that keep identifiers**: a request from sessionfold's summarizer (either
+  provider; read with :func:`~sessionfold.runtime.providers.prompt.parse_prompt`) is answered
+  with a short summary naming the identifiers it lists as must-keep and the transcript's most
+  frequent ones (see :func:`echo_reply`), so folds pass the retention check as they would with
+  a good model. A reply may be a :class:`Refusal`: the Messages API's ``stop_reason:
+  "refusal"``, chat completions' ``message.refusal``.
 - **Calls held in flight**: ``provider.hold()`` makes requests wait (already counted) until
   ``provider.release()``; ``provider.wait_for_calls(n)`` blocks until ``n`` have arrived — a
   test can act while a worker's summarizer call is in flight. ``latency_s`` slows every call.
@@ -105,6 +107,7 @@ from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.openai_shape import from_openai
 from sessionfold.core.retention import find_identifiers
 from sessionfold.core.tokens import IMAGE_TOKENS
+from sessionfold.runtime.providers.prompt import parse_prompt
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -115,6 +118,7 @@ __all__ = [
     "Fault",
     "ProviderAnswer",
     "ProviderStats",
+    "Refusal",
     "Reply",
     "ToolUse",
     "echo_reply",
@@ -135,8 +139,16 @@ class ToolUse:
                 "input": dict(self.input)}
 
 
-#: A reply: the assistant's text, one tool call, or a list of both (content blocks in order).
-Reply = str | ToolUse | Sequence[str | ToolUse]
+@dataclass(frozen=True)
+class Refusal:
+    """The stand-in model declines, saying ``text``, as each API words a refusal."""
+
+    text: str = "I can't help with that."
+
+
+#: A reply: the assistant's text, one tool call, or a list of both (content blocks in order),
+#: or a refusal.
+Reply = str | ToolUse | Refusal | Sequence[str | ToolUse]
 #: What a reply function receives (the request body) and returns (the assistant's reply).
 ReplyFn = Callable[[Mapping[str, Any]], Reply]
 
@@ -248,22 +260,29 @@ class _Served:
     def calls_tools(self) -> bool:
         return any(block["type"] == "tool_use" for block in self.content)
 
+    @property
+    def refused(self) -> bool:
+        return any(block["type"] == "refusal" for block in self.content)
+
     def message(self) -> dict[str, Any]:
-        """The Messages API's reply."""
+        """The Messages API's reply (a refusal: its text, ``stop_reason: "refusal"``)."""
         usage = {"input_tokens": self.prompt - self.cache_read - self.cache_created,
                  "output_tokens": self.output_tokens,
                  "cache_read_input_tokens": self.cache_read,
                  "cache_creation_input_tokens": self.cache_created}
+        content = [{"type": "text", "text": b["text"]} if b["type"] == "refusal" else b
+                   for b in self.content]
+        stop = "refusal" if self.refused else "tool_use" if self.calls_tools else "end_turn"
         return {"id": f"msg_fake_{uuid.uuid4().hex[:20]}", "type": "message",
-                "role": "assistant", "model": self.model, "content": self.content,
-                "stop_reason": "tool_use" if self.calls_tools else "end_turn",
-                "stop_sequence": None, "usage": usage}
+                "role": "assistant", "model": self.model, "content": content,
+                "stop_reason": stop, "stop_sequence": None, "usage": usage}
 
     def chat_completion(self) -> dict[str, Any]:
         """OpenAI's chat completion (its ``usage`` counts the whole prompt, cached included)."""
         text = "".join(b["text"] for b in self.content if b["type"] == "text")
+        refusal = "".join(b["text"] for b in self.content if b["type"] == "refusal")
         message: dict[str, Any] = {"role": "assistant", "content": text or None,
-                                   "refusal": None}
+                                   "refusal": refusal or None}
         calls = [{"id": b["id"], "type": "function",
                   "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
                  for b in self.content if b["type"] == "tool_use"]
@@ -294,12 +313,6 @@ class ProviderStats:
     max_prompt_tokens: int = 0
 
 
-# The identifiers a summarizer request asks to keep, between nonce markers (sessionfold's
-# AnthropicSummarizer writes ``<<<must-keep-NONCE>>>`` ... ``<<<end-must-keep-NONCE>>>``).
-_MUST_KEEP = re.compile(r"<<<must-keep-(?P<nonce>[^>\s]+)>>>\n(?P<body>.*?)\n"
-                        r"<<<end-must-keep-(?P=nonce)>>>", re.DOTALL)
-
-
 def echo_reply(request: Mapping[str, Any]) -> str:
     """The default reply: short and deterministic, as a cheap model's would be.
 
@@ -311,9 +324,9 @@ def echo_reply(request: Mapping[str, Any]) -> str:
     messages = request.get("messages") or []
     last = messages[-1] if messages else {}
     text = _content_text(last.get("content", "")) if isinstance(last, Mapping) else ""
-    if "<<<transcript-" in text:
-        keep = [line.removeprefix("- ").strip() for match in _MUST_KEEP.finditer(text)
-                for line in match["body"].splitlines() if line.strip()]
+    prompt = parse_prompt(text)
+    if prompt is not None:
+        keep = [k.strip() for k in prompt.must_keep if k.strip()]
         frequent = [ident for ident, _ in Counter(find_identifiers(text)).most_common(60)]
         identifiers = list(dict.fromkeys([*keep, *frequent]))
         summary = (f"The agent worked through {text.count('[')} transcript entries "
@@ -501,6 +514,8 @@ class FakeProvider:
     def _content(self, reply: Reply,
                  make_id: Callable[[], str] | None = None) -> list[dict[str, Any]]:
         """The content blocks of ``reply``, tool calls given fresh ids where they have none."""
+        if isinstance(reply, Refusal):
+            return [{"type": "refusal", "text": reply.text}]
         parts: Sequence[str | ToolUse] = [reply] if isinstance(reply, str | ToolUse) else reply
         blocks = [{"type": "text", "text": part} if isinstance(part, str)
                   else part.block(make_id or self._next_tool_id) for part in parts]
@@ -651,10 +666,14 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 self._answer(400, {}, Fault.bad_request("request body is not JSON").body())
                 return
             answer = provider.answer(self.path, request)
-            if answer.events is None:
-                self._answer(answer.status, answer.headers, answer.body)
-            else:
-                self._stream(answer.headers, answer.events)
+            try:
+                if answer.events is None:
+                    self._answer(answer.status, answer.headers, answer.body)
+                else:
+                    self._stream(answer.headers, answer.events)
+            except (BrokenPipeError, ConnectionResetError):
+                # The client stopped waiting (its timeout): there is no one to answer.
+                self.close_connection = True
 
         def _stream(self, headers: Mapping[str, str], events: Sequence[bytes]) -> None:
             # Chunked, one event per chunk, flushed: the client reads each as it is written.
@@ -770,6 +789,8 @@ def _chat_events(completion: Mapping[str, Any], *, include_usage: bool) -> Itera
                                                 "finish_reason": finish}]})
 
     yield chunk({"role": "assistant", "content": "", "refusal": None})
+    if message["refusal"]:
+        yield chunk({"refusal": message["refusal"]})
     if message["content"]:
         for piece in _pieces(message["content"]):
             yield chunk({"content": piece})
@@ -801,7 +822,7 @@ def _malformed(request: Mapping[str, Any]) -> str:
 
 
 def _block_chars(block: Mapping[str, Any]) -> int:
-    if block["type"] == "text":
+    if block["type"] in ("text", "refusal"):
         return len(block["text"])
     return len(block["name"]) + len(json.dumps(block["input"]))
 
@@ -810,7 +831,8 @@ def _is_summarizer_request(request: Mapping[str, Any]) -> bool:
     """A request from sessionfold's summarizer: its transcript between nonce markers."""
     messages = request.get("messages") or []
     last = messages[-1] if messages else {}
-    return isinstance(last, Mapping) and "<<<transcript-" in _content_text(last.get("content"))
+    return isinstance(last, Mapping) and parse_prompt(_content_text(last.get("content"))) \
+        is not None
 
 
 def _request_id() -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sessionfold.cli.commands.compact import DEFAULT_BUDGET
 from sessionfold.cli.main import main
+from sessionfold.cli.standin.fakeprovider import FakeProvider, Refusal
 from sessionfold.core.frame import frame_info, summary_frame
 from sessionfold.core.messages import Conversation, check_tool_pairing, parse_messages
 from sessionfold.core.openai_write import to_openai
@@ -424,6 +425,52 @@ def test_a_failing_summarizer_exits_1_and_records_the_refusal(
     code, out, err = run("compact", str(EXAMPLE), "--summarizer", "anthropic")
     assert code == 1
     assert "summarizer failed" in err and err.count("\n") == 1
+    data = json.loads(out)
+    assert data["spans"] == []
+    assert "summarizer-failed" in {r["reason"] for r in data["record"]["refusals"]}
+
+
+# --- the openai summarizer -----------------------------------------------------------------------
+
+def test_openai_without_a_key_exits_2_before_reading_the_file(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, out, err = run("compact", str(tmp_path / "absent.json"), "--summarizer", "openai")
+    assert out == ""
+    assert_usage_error(code, err, "OPENAI_API_KEY", "--summarizer offline")
+
+
+@pytest.fixture
+def chat_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeProvider]:
+    """The stand-in model's chat completions, found through the openai SDK's own variables."""
+    provider = FakeProvider(keep_requests=100)
+    with provider.serve() as server:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-cli")
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "/v1")
+        yield provider
+
+
+def test_openai_summarizer_folds_through_chat_completions(chat_api: FakeProvider) -> None:
+    data = compact_json(str(EXAMPLE), "--summarizer", "openai", "--model", "gpt-4.1-nano")
+    assert chat_api.stats.succeeded >= 1, "the summarizer never called the server"
+    for body in chat_api.requests:
+        assert body["model"] == "gpt-4.1-nano"
+        assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert data["spans"] and all(s["model"] == "gpt-4.1-nano" for s in data["spans"])
+    usage = data["record"]["summarizer_usage"]
+    assert usage["calls"] == chat_api.stats.succeeded and usage["input_tokens"] > 0
+    summary = parse_messages(data["messages"])[data["summaries"][0]["index"]]
+    first_line, _, body = summary.text().partition("\n")
+    assert "gpt-4.1-nano" in first_line
+    assert body.startswith("The agent worked through")  # the stand-in's summary
+
+
+def test_a_refusing_openai_model_exits_1_and_records_the_refusal(
+        chat_api: FakeProvider) -> None:
+    chat_api.reply = lambda request: Refusal("I can't help with that.")
+    code, out, err = run("compact", str(EXAMPLE), "--summarizer", "openai")
+    assert code == 1
+    assert "refused the span" in err and err.count("\n") == 1
     data = json.loads(out)
     assert data["spans"] == []
     assert "summarizer-failed" in {r["reason"] for r in data["record"]["refusals"]}

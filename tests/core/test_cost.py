@@ -67,7 +67,8 @@ def test_a_dated_snapshot_is_priced_as_its_alias() -> None:
 
 
 def test_a_model_that_only_starts_like_a_known_one_has_no_prices() -> None:
-    with pytest.raises(InvalidPolicyError, match=r"'gpt-5-pro'.*known: claude-haiku-4-5"):
+    with pytest.raises(InvalidPolicyError,
+                       match=r"'gpt-5-pro'.*known: claude-3-5-haiku, claude-haiku-4-5"):
         prices_for("gpt-5-pro")
 
 

@@ -399,3 +399,13 @@ def test_a_broken_credentials_profile_is_a_permanent_error_at_construction(
         AnthropicSummarizer(base_url="http://fake", http_client=httpx2.Client(
             transport=httpx2.MockTransport(FakeMessagesAPI(answer()))))
     assert isinstance(info.value.__cause__, anthropic.AnthropicError)
+
+
+def test_the_stand_ins_refusal_is_a_permanent_error_through_the_real_sdk() -> None:
+    from sessionfold.cli.standin.fakeprovider import FakeProvider, Refusal
+
+    provider = FakeProvider(reply=lambda request: Refusal("I can't help with that."))
+    summarizer = AnthropicSummarizer(client=provider.anthropic_client())
+    with pytest.raises(PermanentSummarizerError, match="refused"):
+        summarizer.summarize(span())
+    assert provider.stats.calls == 1

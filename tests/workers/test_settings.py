@@ -16,7 +16,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No setting leaks in from the machine's environment."""
     for name in list(os.environ):
         if name.startswith("SESSIONFOLD_") or name in (
-                "DATABASE_URL", "REDIS_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+                "DATABASE_URL", "REDIS_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
+                "OPENAI_API_KEY", "OPENAI_BASE_URL"):
             monkeypatch.delenv(name)
 
 
@@ -59,14 +60,61 @@ def test_anthropic_summarizer_without_a_key_says_what_to_set() -> None:
     assert "SESSIONFOLD_SUMMARIZER=offline" in str(info.value)
 
 
+def test_the_openai_summarizer_is_chosen_by_name_with_the_sdks_own_variables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://localhost:11434/v1")
+    assert Settings().summarizer_kind == "offline"  # an OpenAI key alone chooses nothing
+    monkeypatch.setenv("SESSIONFOLD_SUMMARIZER", "openai")
+    settings = Settings()
+    assert settings.summarizer_kind == "openai"
+    assert settings.openai_base_url == "http://localhost:11434/v1"
+    assert settings.openai_api_key is not None
+    assert settings.openai_api_key.get_secret_value() == "sk-openai-test"
+    # Its own default model, not the Anthropic one; a named model wins.
+    assert settings.summarizer_model == "gpt-4.1-mini"
+    monkeypatch.setenv("SESSIONFOLD_SUMMARIZER_MODEL", "gpt-5-nano")
+    assert Settings().summarizer_model == "gpt-5-nano"
+    assert Settings(summarizer="anthropic", anthropic_api_key="k").summarizer_model == \
+        "gpt-5-nano"
+
+
+def test_the_openai_summarizer_without_a_key_says_what_to_set() -> None:
+    with pytest.raises(InvalidInputError, match="OPENAI_API_KEY") as info:
+        Settings(summarizer="openai")
+    assert "SESSIONFOLD_SUMMARIZER=offline" in str(info.value)
+
+
+@pytest.mark.parametrize("model", ["llama3.1:8b", "gpt-5-pro", "gpt-5.4-mini"])
+def test_a_summarizer_model_without_prices_is_refused_at_start(model: str) -> None:
+    with pytest.raises(InvalidInputError, match=r"SESSIONFOLD_SUMMARIZER_MODEL: no prices for "
+                       rf"summarizer model '{re.escape(model)}'.*SESSIONFOLD_PRICES"):
+        Settings(summarizer="openai", openai_api_key="k", summarizer_model=model)
+    # Priced in the settings, it is taken; the offline summarizer calls no model at all.
+    priced = Settings(summarizer="openai", openai_api_key="k", summarizer_model=model,
+                      prices={model: {"input_per_mtok": 0, "output_per_mtok": 0}})
+    assert priced.summarizer_model == model
+    assert Settings(summarizer="offline", summarizer_model=model).summarizer_model == model
+
+
+@pytest.mark.parametrize("model", ["gpt-4.1-mini-2025-04-14", "openai/gpt-4o-mini",
+                                   "anthropic.claude-haiku-4-5-20251001-v1:0",
+                                   "claude-3-5-haiku-latest"])
+def test_a_summarizer_model_of_a_known_family_is_taken(model: str) -> None:
+    settings = Settings(summarizer="openai", openai_api_key="k", summarizer_model=model)
+    assert settings.summarizer_model == model
+
+
 def test_repr_and_str_hide_every_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-topsecret")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-topsecret")
     monkeypatch.setenv("DATABASE_URL", "postgresql://app:dbpass123@db:5432/sessions")
     monkeypatch.setenv("REDIS_URL", "redis://:redispass456@cache:6379/0")
     monkeypatch.setenv("SESSIONFOLD_FLOWER_BASIC_AUTH", "ops:flowerpass789")
     settings = Settings()
     for text in (repr(settings), str(settings), f"{settings}"):
-        for secret in ("sk-ant-topsecret", "dbpass123", "redispass456", "flowerpass789"):
+        for secret in ("sk-ant-topsecret", "sk-openai-topsecret", "dbpass123", "redispass456",
+                       "flowerpass789"):
             assert secret not in text
         assert "postgresql://app:***@db:5432/sessions" in text
         assert "redis://:***@cache:6379/0" in text
@@ -103,7 +151,7 @@ def test_redact_url_masks_passwords_only(url: str, shown: str) -> None:
      ["SESSIONFOLD_SCHEDULER_BLOCK_MS", "SESSIONFOLD_SCHEDULER_CLAIM_IDLE_MS"]),
     ({"scheduler_block_ms": 60_000}, ["SESSIONFOLD_SCHEDULER_BLOCK_MS", "less than or equal"]),
     ({"worker_concurrency": 0}, ["SESSIONFOLD_WORKER_CONCURRENCY", "greater than or equal to 1"]),
-    ({"summarizer": "gpt"}, ["SESSIONFOLD_SUMMARIZER", "'anthropic' or 'offline'"]),
+    ({"summarizer": "gpt"}, ["SESSIONFOLD_SUMMARIZER", "'anthropic', 'openai' or 'offline'"]),
     ({"no_such_setting": 1}, ["no_such_setting", "unknown setting"]),
 ])
 def test_invalid_values_name_the_variable_and_the_rule(overrides: dict[str, object],
@@ -163,6 +211,7 @@ _URL_SETTINGS = {
     "database_url": ("postgresql+psycopg://app:{pw}@db.internal:5432/sessions", "db.internal"),
     "redis_url": ("redis://app:{pw}@cache.internal:6379/0", "cache.internal"),
     "anthropic_base_url": ("https://proxy:{pw}@llm.internal/v1", "llm.internal"),
+    "openai_base_url": ("https://gateway:{pw}@chat.internal/v1", "chat.internal"),
 }
 
 

@@ -6,13 +6,14 @@ the summarizer with its guards; the rest of the pipeline gets its connections fr
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 from pipeline_harness import postgres_url
-from sessionfold.core.errors import RedisUnavailableError, SchemaError
+from sessionfold.core.errors import InvalidInputError, RedisUnavailableError, SchemaError
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings
@@ -122,6 +123,41 @@ def test_redis_url_for_runs_an_embedded_server_without_one(tmp_path: Path,
 def test_the_summarizer_is_the_offline_one_without_an_api_key(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, anthropic_api_key=None, summarizer="offline")
     assert isinstance(make_summarizer(settings), ExtractiveSummarizer)
+
+
+def test_the_openai_summarizer_is_built_from_its_settings(tmp_path: Path) -> None:
+    from sessionfold.runtime.providers.openai import OpenAISummarizer
+
+    settings = Settings(data_dir=tmp_path, summarizer="openai", openai_api_key="sk-test",
+                        openai_base_url="http://user:s3cret@vllm.internal:8000/v1",
+                        summarizer_model="gpt-4.1-nano", summarizer_context_tokens=24_000,
+                        summarizer_timeout_s=12)
+    summarizer = make_summarizer(settings)
+    assert isinstance(summarizer, OpenAISummarizer)
+    assert (summarizer.model, summarizer.context_tokens, summarizer.timeout) == (
+        "gpt-4.1-nano", 24_000, 12)
+    assert "vllm.internal:8000/v1" in repr(summarizer) and "s3cret" not in repr(summarizer)
+    # Celery owns retries: the client the provider calls never retries on its own.
+    assert summarizer._client.max_retries == 0
+
+
+def test_each_provider_keeps_its_own_context_unless_the_settings_name_one(
+        tmp_path: Path) -> None:
+    anthropic_one = make_summarizer(Settings(data_dir=tmp_path, summarizer="anthropic",
+                                             anthropic_api_key="sk-test"))
+    openai_one = make_summarizer(Settings(data_dir=tmp_path, summarizer="openai",
+                                          openai_api_key="sk-test"))
+    assert (anthropic_one.context_tokens, openai_one.context_tokens) == (150_000, 100_000)
+    assert (anthropic_one.model, openai_one.model) == ("claude-haiku-5-5", "gpt-4.1-mini")
+
+
+def test_without_the_openai_package_the_openai_summarizer_says_which_extra_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "sessionfold.runtime.providers.openai", raising=False)
+    monkeypatch.setitem(sys.modules, "openai", None)  # import openai: ModuleNotFoundError
+    settings = Settings(data_dir=tmp_path, summarizer="openai", openai_api_key="sk-test")
+    with pytest.raises(InvalidInputError, match=r"sessionfold\[openai\]"):
+        make_summarizer(settings)
 
 
 def test_an_inline_guard_never_waits_for_a_slot_and_a_background_one_does(
