@@ -1,8 +1,9 @@
 """The asyncio flavour of the client: :class:`AsyncClient` and :class:`AsyncSessionHandle`.
 
 The blocking store calls run in a thread (``asyncio.to_thread``) and the model call ``fn`` of
-:meth:`AsyncSessionHandle.call` is awaited; everything else is the synchronous client's,
-recall included (``fn`` may take the tools as the synchronous one does).
+:meth:`AsyncSessionHandle.call` is awaited; everything else is the synchronous client's: the
+same call loop (:mod:`.call_loop`), recall included (``fn`` may take the tools as the
+synchronous one does).
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessionfold.core.messages import Message
-from sessionfold.core.overflow import is_context_overflow
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import FoldedSpan, Trigger, WindowItem
 from sessionfold.runtime.fold_procedure import FoldReport
 from sessionfold.runtime.settings import Settings
 from sessionfold.store import AppendResult, LedgerEntry, SessionInfo
 
+from .call_loop import CallLoop, RaiseError, ReturnReply
+from .call_plan import OverBudget
 from .connection import Client, connect
+from .model_call import AsyncModelCall, invoke, tools_mode
 from .recall import RecallAnswer
-from .session import AsyncModelCall, CallPlan, OverBudget, SessionHandle
+from .session import SessionHandle
 from .shapes import Shape, WindowShape
 from .window_view import WindowView
 
@@ -137,32 +140,31 @@ class AsyncSessionHandle:
                                        target_tokens=target_tokens,
                                        measured_tokens=measured_tokens)
 
+    def open_call(self, *, takes_tools: bool = True, over_budget: OverBudget | None = None,
+                  cache_breakpoints: bool = False) -> CallLoop:
+        """:meth:`SessionHandle.open_call`: a call loop, not started (its steps read and write
+        the store: run them in a thread)."""
+        return self.sync.open_call(takes_tools=takes_tools, over_budget=over_budget,
+                                   cache_breakpoints=cache_breakpoints)
+
     async def call(self, fn: AsyncModelCall, *, over_budget: OverBudget | None = None,
                    cache_breakpoints: bool = False) -> Any:
-        """:meth:`SessionHandle.call` with an async ``fn`` (recall rounds included)."""
-        h = self.sync
-        plan, view = await asyncio.to_thread(h._plan_call, fn, over_budget, cache_breakpoints)
-        rounds = 0
+        """:meth:`SessionHandle.call` with an async ``fn`` (recall rounds included): the same
+        loop, its steps in a thread."""
+        mode = tools_mode(fn)
+        loop = self.open_call(takes_tools=mode != "none", over_budget=over_budget,
+                              cache_breakpoints=cache_breakpoints)
+        step = await asyncio.to_thread(loop.start)
         while True:
-            response = await self._send(fn, plan, view)
-            next_view = await asyncio.to_thread(h._recall_round, plan, response, rounds, view)
-            if next_view is None:
-                return response
-            view, rounds = next_view, rounds + 1
-
-    async def _send(self, fn: AsyncModelCall, plan: CallPlan, view: WindowView) -> Any:
-        h = self.sync
-        try:
-            response = await plan.invoke(fn, view)
-        except Exception as exc:
-            if not is_context_overflow(exc):
-                raise
-            view = await asyncio.to_thread(h._after_overflow, exc, plan)
             try:
-                response = await plan.invoke(fn, view)
-            except Exception as again:
-                if is_context_overflow(again):
-                    raise h._still_too_long(again) from again
-                raise
-        await asyncio.to_thread(h._after_call, response, view)
-        return response
+                reply = await invoke(fn, mode, step)
+            except Exception as exc:
+                after = await asyncio.to_thread(loop.failed, exc)
+                if isinstance(after, RaiseError):
+                    after.throw()
+                step = after
+                continue
+            done = await asyncio.to_thread(loop.replied, reply)
+            if isinstance(done, ReturnReply):
+                return done.reply
+            step = done

@@ -52,7 +52,8 @@ from sessionfold.runtime.wiring import (
 )
 from sessionfold.store import SessionInfo, SessionStore
 
-from .session import OVER_BUDGET_CHOICES, OverBudget, SessionHandle
+from .call_plan import OverBudget, check_over_budget
+from .session import SessionHandle
 
 __all__ = ["Client", "connect"]
 
@@ -126,9 +127,7 @@ class Client:
         creation: a different ``system`` raises InvalidInputError rather than silently sending
         the old one. Without ``policy`` an absent session raises SessionNotFoundError.
         """
-        if over_budget not in OVER_BUDGET_CHOICES:
-            raise InvalidInputError(f"over_budget must be one of {list(OVER_BUDGET_CHOICES)}, "
-                                    f"got {over_budget!r}")
+        check_over_budget(over_budget)
         try:
             info = self.store.get_session(session_id)
         except SessionNotFoundError:

@@ -19,26 +19,28 @@ What each part promises:
   forced, down to half the budget, through the same claim/commit procedure as the workers
   (:mod:`sessionfold.runtime.fold_procedure`), where the inline claim wins over a background fold
   in flight — and retries once. A second overflow raises :class:`ContextOverflowError` chained
-  to the provider's error.
-- **The budget is a hard cap** (:mod:`sessionfold.core.guard`): before each request of
-  ``call()`` (its recall rounds, its retry after an overflow, and the SDK wrappers' requests,
-  which are made of the same pieces) the handle estimates the request with the session's
-  calibration. Past the budget less the policy's ``guard_margin_ratio``, the best shrink of the
-  outgoing request alone goes out: the cheap layers (clip, drop recall exchanges, mask old tool
-  output, drop thinking), then, if still over, the user messages inside the protected turns
-  clipped (the newest last). Deterministic, so the same window is sent as the same bytes again;
-  the stored window is left alone (no claim, no commit: it never races a background fold). If
-  that is still over, the handle folds inline (trigger ``overflow``, counted in
-  :attr:`SessionHandle.cap_folds`) through the workers' commit path and guards again, leaving
-  the older history out of the request as a last step; a request still over after that is one
-  message (or the system prompt) that cannot fit, and :class:`BudgetExceededError` says which,
-  before anything is sent. That is ``over_budget="cap"``, the default. ``"send"`` sends the best
-  shrink even when it is over (counted in :attr:`SessionHandle.guard_over_budget`, logged once);
-  ``"fold"`` also folds inline before the request whenever the stored window is past the budget.
-  Paused sessions are guarded too; ``FoldPolicy(guard=False)`` opts out (and so sends over).
-  A guarded request's usage is reported as the stored window's (the provider's count plus what
-  the guard left out), so the scheduler and the calibration still see the session's true size
-  and the background fold comes.
+  to the provider's error. These steps, and the recall rounds below, are the call loop's
+  (:mod:`.call_loop`, written once without the model call); ``call()`` is its blocking adapter,
+  and the handle does the store and bus work the loop asks for.
+- **The budget is a hard cap** (:mod:`sessionfold.core.guard`, :mod:`.request_guard`): before
+  each request of ``call()`` (its recall rounds, its retry after an overflow, and the SDK
+  wrappers' requests, which go through the same loop) the handle estimates the request with the
+  session's calibration. Past the budget less the policy's ``guard_margin_ratio``, the best
+  shrink of the outgoing request alone goes out: the cheap layers (clip, drop recall exchanges,
+  mask old tool output, drop thinking), then, if still over, the user messages inside the
+  protected turns clipped (the newest last). Deterministic, so the same window is sent as the
+  same bytes again; the stored window is left alone (no claim, no commit: it never races a
+  background fold). If that is still over, the handle folds inline (trigger ``overflow``,
+  counted in :attr:`SessionHandle.cap_folds`) through the workers' commit path and guards again,
+  leaving the older history out of the request as a last step; a request still over after that
+  is one message (or the system prompt) that cannot fit, and :class:`BudgetExceededError` says
+  which, before anything is sent. That is ``over_budget="cap"``, the default. ``"send"`` sends
+  the best shrink even when it is over (counted in :attr:`SessionHandle.guard_over_budget`,
+  logged once); ``"fold"`` also folds inline before the request whenever the stored window is
+  past the budget. Paused sessions are guarded too; ``FoldPolicy(guard=False)`` opts out (and so
+  sends over). A guarded request's usage is reported as the stored window's (the provider's
+  count plus what the guard left out), so the scheduler and the calibration still see the
+  session's true size and the background fold comes.
 - **Nudges**: an append that takes the session past its trigger
   (:attr:`~sessionfold.store.results.AppendResult.crossed_trigger`) publishes a
   :class:`~sessionfold.runtime.usage.NudgeEvent`, so the scheduler looks at the session now
@@ -68,46 +70,34 @@ fold, which the client runs with its guarded summarizer and counts.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import json
 import logging
-import math
-import threading
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from sessionfold.core.errors import (
-    BudgetExceededError,
-    ContextOverflowError,
-    InvalidInputError,
-    InvalidMessageError,
-)
-from sessionfold.core.guard import GuardResult, GuardStage, guard_window
+from sessionfold.core.errors import InvalidInputError, InvalidMessageError
 from sessionfold.core.messages import Message, parse_message
-from sessionfold.core.overflow import is_context_overflow, overflow_tokens
-from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.tokens import Calibration, count_text
 from sessionfold.core.window import FoldedSpan, Trigger, WindowItem
 from sessionfold.runtime.fold_procedure import FoldJob, FoldReport
 from sessionfold.runtime.metrics import metrics
 from sessionfold.runtime.settings import Settings
 from sessionfold.runtime.usage import UsageEvent, UsagePublisher
-from sessionfold.store import AppendResult, LedgerEntry, SessionInfo, SessionStore, Window
+from sessionfold.store import AppendResult, LedgerEntry, SessionInfo, SessionStore
 
+from .call_loop import CallLoop, RaiseError, ReturnReply
+from .call_plan import CallPlan, OverBudget, check_over_budget, tool_tokens
+from .model_call import ModelCall, ModelCallWithTools, invoke, tools_mode
 from .recall import (
     RecallAnswer,
     RecallRequest,
     ToolCall,
     answer,
-    answer_tool_input,
     anthropic_tool,
-    asks_only_recall,
-    least_answer_tokens,
     parse_seq,
     tool_calls,
 )
+from .recall_round import answer_basis, answer_calls, recall_exchange, reply_id
+from .request_guard import RequestGuard
 from .shapes import (
     HeldAppend,
     HeldToolResults,
@@ -122,30 +112,9 @@ from .shapes import (
 )
 from .window_view import WindowView, rendered, view_of
 
-__all__ = [
-    "AsyncModelCall",
-    "Connection",
-    "ModelCall",
-    "ModelCallWithTools",
-    "OverBudget",
-    "SessionHandle",
-]
+__all__ = ["Connection", "SessionHandle"]
 
 log = logging.getLogger(__name__)
-
-#: What ``call()`` does with a request it cannot shrink under the budget (see the module doc):
-#: ``cap`` (the default) folds inline and otherwise refuses to send; ``send`` sends the best
-#: shrink; ``fold`` also folds inline before any request while the window is past the budget.
-OverBudget = Literal["cap", "send", "fold"]
-OVER_BUDGET_CHOICES: tuple[str, ...] = ("cap", "send", "fold")
-#: ``fn(system, messages)``: one model call; returns the provider's response (with ``.usage``).
-ModelCall = Callable[[str, list[dict[str, Any]]], Any]
-#: ``fn(system, messages, tools)`` (or ``tools=`` as a keyword): the tools to send beside the
-#: agent's own, the recall tool among them.
-ModelCallWithTools = Callable[[str, list[dict[str, Any]], list[dict[str, Any]]], Any]
-AsyncModelCall = Callable[..., Awaitable[Any]]
-#: How a model call takes the tools: as the ``tools`` keyword, as a third argument, or not.
-ToolsMode = Literal["keyword", "positional", "none"]
 
 
 class Connection(Protocol):
@@ -170,85 +139,6 @@ class Connection(Protocol):
         ...
 
 
-_MODES: dict[tuple[object, bool], ToolsMode] = {}
-_MODES_LOCK = threading.Lock()
-
-
-def _inspect_mode(fn: Callable[..., Any]) -> ToolsMode:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # a builtin without a signature: the old contract
-        return "none"
-    kinds = inspect.Parameter
-    if any(p.name == "tools" and p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
-           for p in params):
-        return "keyword"
-    positional = [p for p in params
-                  if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 3:
-        return "positional"
-    if any(p.kind == kinds.VAR_KEYWORD for p in params):
-        return "keyword"  # forwards keywords: to the SDK's create(), most likely
-    if any(p.kind == kinds.VAR_POSITIONAL for p in params):
-        return "positional"
-    return "none"
-
-
-def tools_mode(fn: Callable[..., Any]) -> ToolsMode:
-    """How ``fn`` takes the tools to send, read from its signature once per function (a lambda
-    made anew on every turn has the same code, so it is inspected once too)."""
-    if inspect.ismethod(fn):
-        key: tuple[object, bool] = (fn.__func__.__code__, True)
-    elif inspect.isfunction(fn):
-        key = (fn.__code__, False)
-    else:
-        return _inspect_mode(fn)  # a partial, a callable object: cheap enough to read again
-    mode = _MODES.get(key)
-    if mode is None:
-        mode = _inspect_mode(fn)
-        with _MODES_LOCK:
-            _MODES[key] = mode
-    return mode
-
-
-@dataclass(frozen=True)
-class CallPlan:
-    """What one :meth:`SessionHandle.call` decided before its first request: how ``fn`` takes
-    tools, whether recall is on for it, the tools to send and the policy read; and what the
-    pre-send guard estimates each request with (the session's calibration, its system prompt's
-    estimate, and the estimate of what else is sent that the calibration has not seen)."""
-
-    mode: ToolsMode
-    recall: bool
-    tools: list[dict[str, Any]]
-    policy: FoldPolicy
-    cache_breakpoints: bool
-    calibration: Calibration = dataclasses.field(default_factory=Calibration)
-    system_tokens: int = 0
-    #: The estimate of the tools sessionfold adds (the recall tool), which the calibration
-    #: leaves out (see :attr:`WindowView.tool_tokens`).
-    extra_tokens: int = 0
-    over_budget: OverBudget = "cap"
-
-    def invoke(self, fn: Callable[..., Any], view: WindowView) -> Any:
-        """Call ``fn`` with ``view``, and the tools if it takes them (a fresh list each time)."""
-        if self.mode == "keyword":
-            return fn(view.system, view.messages, tools=[dict(t) for t in self.tools])
-        if self.mode == "positional":
-            return fn(view.system, view.messages, [dict(t) for t in self.tools])
-        return fn(view.system, view.messages)
-
-
-def _content_of(response: Any) -> Any:
-    return response.get("content") if isinstance(response, Mapping) else getattr(
-        response, "content", None)
-
-
-def _response_id(response: Any) -> str | None:
-    value = response.get("id") if isinstance(response, Mapping) else getattr(response, "id", None)
-    return value if isinstance(value, str) and 0 < len(value) <= 200 else None
-
-
 def _response_usage(response: Any) -> tuple[Any, str | None]:
     """``(usage, model)`` of a provider response: an SDK object or a dict."""
     if isinstance(response, Mapping):
@@ -261,12 +151,9 @@ class SessionHandle:
 
     def __init__(self, client: Connection, session_id: str, *,
                  over_budget: OverBudget = "cap", hold_tool_results: bool = True) -> None:
-        if over_budget not in OVER_BUDGET_CHOICES:
-            raise InvalidInputError(f"over_budget must be one of {list(OVER_BUDGET_CHOICES)}, "
-                                    f"got {over_budget!r}")
         self.client = client
         self.session_id = session_id
-        self.over_budget: OverBudget = over_budget
+        self.over_budget: OverBudget = check_over_budget(over_budget)
         #: Hold a partial set of tool results until the rest arrives (see append()); False:
         #: the store refuses it (tool-pairing), for a caller that keeps nothing between appends.
         self.hold_tool_results = hold_tool_results
@@ -282,19 +169,31 @@ class SessionHandle:
         self.recall_calls = 0
         self.recall_rounds = 0
         self._told_recall_off = False
-        #: Requests the pre-send guard shrank; those it could not bring under the budget (sent
-        #: over only with ``over_budget="send"``); inline folds the hard cap made (also counted
-        #: in ``inline_folds``); nudges published after appends.
-        self.guarded_requests = 0
-        self.guard_over_budget = 0
-        self.cap_folds = 0
+        #: Nudges published after appends.
         self.nudges = 0
-        self._told_over_budget = False
+        #: The pre-send guard and hard cap of this handle's requests (and their counts).
+        self._requests = RequestGuard(self)
         #: Tool results answering part of the ledger tail's open calls (see append()).
         self._held: HeldToolResults | None = None
 
     def __repr__(self) -> str:
         return f"SessionHandle({self.session_id!r})"
+
+    @property
+    def guarded_requests(self) -> int:
+        """Requests the pre-send guard shrank."""
+        return self._requests.guarded_requests
+
+    @property
+    def guard_over_budget(self) -> int:
+        """Requests the guard could not bring under the budget (sent over only with
+        ``over_budget="send"``)."""
+        return self._requests.guard_over_budget
+
+    @property
+    def cap_folds(self) -> int:
+        """Inline folds the hard cap made (also counted in ``inline_folds``)."""
+        return self._requests.cap_folds
 
     @property
     def store(self) -> SessionStore:
@@ -472,51 +371,12 @@ class SessionHandle:
 
     def _answer(self, calls: Sequence[ToolCall],
                 info: SessionInfo | None = None) -> list[RecallAnswer]:
-        """Answer recall ``calls`` in order; each answer is sized by the room the ones before
-        it left: each takes the ``tool_result`` block it goes out as, in the provider's tokens
-        (the calibration's slope: the estimator's count alone, and the text alone, let many
-        answers to one reply take the next request past the budget). Counted."""
-        info = info or self.info()
-        slope = max(info.calibration.a if info.calibration.samples else 1.0, 0.0)
-        counter = self.store.counter
-        # Every call gets an answer: those still to come hold back at least a no-room one each.
-        least = math.ceil(least_answer_tokens(info, counter) * slope)
-        answers: list[RecallAnswer] = []
-        for k, call in enumerate(calls):
-            pending = least * (len(calls) - k - 1)
-            sized = dataclasses.replace(info, current_tokens=info.current_tokens + pending)
-            result = answer_tool_input(self.store, self.session_id, call.input, info=sized,
-                                       share=len(calls))
-            answers.append(result)
-            block = counter.message(parse_message(
-                {"role": "user", "content": [result.tool_result(call.id)]}))
-            grown = math.ceil(block * slope)  # the block holds the answer's text
-            info = dataclasses.replace(info, current_tokens=info.current_tokens + grown)
+        """Answer recall ``calls`` in order, sized together (:func:`~.recall_round.answer_calls`;
+        ``info``: the session with the size to size them by, read when not given). Counted."""
+        answers = answer_calls(self.store, self.session_id, calls, info or self.info(),
+                               self.store.counter)
         self._count_recall(answers)
         return answers
-
-    def _answer_basis(self, plan: CallPlan, sent: WindowView | None,
-                      response: Any) -> SessionInfo:
-        """The session with the size its recall answers are sized by: the larger of the size
-        the store knows and the request just sent as it went out (the system prompt, the
-        window as rendered, with its recall hints and as the guard let it out, the tool
-        definitions the calibration has not seen yet) plus the model's recall call, which the
-        exchange appends. The store's size alone leaves out the hints, the call and, until a
-        usage report is read back, the tools: answers sized by it took the request after them
-        past the budget (B1, 16k, with the recall tool)."""
-        info = self.info()
-        if sent is None:
-            return info
-        counter = self.store.counter
-        estimate = plan.system_tokens + plan.extra_tokens + sum(
-            counter.message(rendered(item, recall=sent.recall)) for item in sent.items)
-        try:
-            estimate += counter.message(parse_message(
-                {"role": "assistant", "content": _content_of(response)}))
-        except InvalidMessageError:
-            estimate += count_text(json.dumps(_content_of(response), default=str))
-        basis = max(info.current_tokens, plan.calibration.predict(estimate))
-        return dataclasses.replace(info, current_tokens=basis)
 
     def _count_recall(self, answers: Sequence[RecallAnswer]) -> None:
         self.recall_calls += len(answers)
@@ -597,188 +457,15 @@ class SessionHandle:
                  report.outcome, report.summarizer_calls)
         return report
 
-    # --- call(): the pieces shared by the sync and async flavours ----------------------------
+    # --- call(): the sync adapter of the call loop, and the loop's session side ---------------
 
-    def _plan_call(self, fn: Callable[..., Any], over_budget: OverBudget | None,
-                   cache_breakpoints: bool) -> tuple[CallPlan, WindowView]:
-        """Read the session once: fold first if asked to and over budget, decide whether
-        recall is on for ``fn`` and offered to this call; the plan and the first view."""
-        choice = over_budget or self.over_budget
-        if choice not in OVER_BUDGET_CHOICES:
-            raise InvalidInputError(f"over_budget must be one of {list(OVER_BUDGET_CHOICES)}, "
-                                    f"got {choice!r}")
-        info = self.info()
-        if choice == "fold" and info.policy.over_budget(info.current_tokens):
-            self.fold_inline(trigger="overflow", measured_tokens=info.current_tokens)
-        mode = tools_mode(fn)
-        if mode == "none" and info.policy.recall and not self._told_recall_off:
-            self._told_recall_off = True
-            log.info("session %s: the model call takes no tools (fn(system, messages)), so "
-                     "recall is off for it: take a third argument or tools= to offer "
-                     "sessionfold_recall", self.session_id)
-        recall = mode != "none" and info.policy.recall
-        tools = [anthropic_tool()] if recall else []
-        plan = CallPlan(mode=mode, recall=recall, tools=tools, policy=info.policy,
-                        cache_breakpoints=cache_breakpoints, calibration=info.calibration,
-                        system_tokens=info.system_tokens, extra_tokens=_tool_tokens(tools),
-                        over_budget=choice)
-        view = self._view(plan)
-        if recall and not view.edited and info.policy.recall_offer == "edited":
-            # Nothing in the request can be recalled yet: the tool's definition would ride on
-            # every early request for nothing (short sessions pay it most). A request whose
-            # guard ran with the tool counted is under without it too: render it again only.
-            plan = dataclasses.replace(plan, recall=False, tools=[], extra_tokens=0)
-            view = view_of(dataclasses.replace(self._window_of(view), items=view.items),
-                           cache_breakpoints=cache_breakpoints, recall=False)
-        return plan, view
-
-    @staticmethod
-    def _window_of(view: WindowView) -> Window:
-        return Window(session_id=view.session_id, system=view.system, revision=view.revision,
-                      items=list(view.items), chars=[])
-
-    def _view(self, plan: CallPlan) -> WindowView:
-        """The view one request sends: the stored window, through the pre-send guard and,
-        under ``over_budget="cap"``/``"fold"``, the hard cap (see the module doc)."""
-        window = self.store.read_window(self.session_id)
-        if not plan.policy.guard:
-            return self._render(window, None, plan)
-        guarded = self._guard(window, plan, "clip-protected")
-        if guarded.outcome == "over-budget" and plan.over_budget != "send":
-            # Nothing cheap gets it under: fold on the agent's path, through the workers'
-            # claim and commit (the inline claim wins over a background fold in flight), then
-            # guard the folded window with every stage.
-            self.cap_folds += 1
-            metrics().record_guard("folded-inline")
-            self.fold_inline(trigger="overflow", measured_tokens=guarded.tokens_before)
-            window = self.store.read_window(self.session_id)
-            guarded = self._guard(window, plan, "drop-history")
-            if guarded.outcome == "over-budget":
-                raise self._too_large(guarded, plan)
-        if guarded.outcome == "over-budget":
-            self._sent_over(guarded, plan)
-        return self._render(window, guarded, plan)
-
-    def _render(self, window: Window, guarded: GuardResult | None, plan: CallPlan) -> WindowView:
-        if guarded is None or guarded.outcome == "under":
-            view = view_of(window, cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
-            return dataclasses.replace(view, tool_tokens=plan.extra_tokens)
-        view = view_of(dataclasses.replace(window, items=guarded.items, chars=[]),
-                       cache_breakpoints=plan.cache_breakpoints, recall=plan.recall)
-        return dataclasses.replace(view, unsent_tokens=guarded.unsent_tokens,
-                                   tool_tokens=plan.extra_tokens)
-
-    def _guard(self, window: Window, plan: CallPlan, last_stage: GuardStage) -> GuardResult:
-        """Run the pre-send guard on ``window`` (see the module doc) and count what it did."""
-        result = guard_window(window.items, plan.policy, plan.calibration,
-                              system_tokens=plan.system_tokens, extra_tokens=plan.extra_tokens,
-                              counter=self.store.counter, originals=self._original,
-                              last_stage=last_stage, recall=plan.recall)
-        if result.outcome == "guarded":
-            self.guarded_requests += 1
-            metrics().record_guard("guarded")
-            log.debug("session %s: guarded request at revision %d, %d -> %d tokens (limit %d; "
-                      "%s)", self.session_id, window.revision, result.tokens_before,
-                      result.tokens_after, result.limit_tokens, ", ".join(result.layers))
-        return result
-
-    def _sent_over(self, result: GuardResult, plan: CallPlan) -> None:
-        """Count (and log once) a request sent over the budget under ``over_budget="send"``."""
-        self.guard_over_budget += 1
-        metrics().record_guard("over-budget")
-        if self._told_over_budget:
-            return
-        self._told_over_budget = True
-        log.warning("session %s: a request of about %d tokens goes out over its guard limit of "
-                    "%d (budget %d, margin %.0f%%): shrunk as far as the guard may (%s), it is "
-                    "still %d tokens, the largest item left #%s at %d tokens; sent so because "
-                    "over_budget='send' (logged once per handle; counted in guard_over_budget)",
-                    self.session_id, result.tokens_before, result.limit_tokens,
-                    plan.policy.budget_tokens, plan.policy.guard_margin_ratio * 100,
-                    ", ".join(result.layers) or "nothing applied", result.tokens_after,
-                    result.largest_seq, result.largest_tokens)
-
-    def _too_large(self, result: GuardResult, plan: CallPlan) -> BudgetExceededError:
-        """The error of a request no shrink gets under the budget (nothing was sent)."""
-        system = plan.calibration.predict(plan.system_tokens) if plan.system_tokens else 0
-        if result.largest_seq is None or system >= result.largest_tokens:
-            what = f"the system prompt alone is about {system} tokens"
-            seq = None
-        else:
-            what = (f"message #{result.largest_seq} alone is about {result.largest_tokens} "
-                    "tokens even clipped (assistant messages, images and binary documents "
-                    "are never cut)")
-            seq = result.largest_seq
-        metrics().record_guard("over-budget")
-        return BudgetExceededError(
-            f"session {self.session_id!r}: the request is about {result.tokens_after} tokens "
-            f"after every shrink the guard may make and an inline fold, over the budget of "
-            f"{plan.policy.budget_tokens} (limit {result.limit_tokens}): {what}. Nothing was "
-            "sent; raise budget_tokens, or pass over_budget='send' to send it anyway",
-            tokens=result.tokens_after, budget_tokens=plan.policy.budget_tokens, seq=seq)
-
-    def _original(self, seq: int) -> Message | None:
-        """The ledger message at ``seq`` (None once discarded): read only when the guard masks
-        or re-clips an output clipped before, so its stub names the original's size."""
-        rows = self.store.read_ledger(self.session_id, seq, seq + 1)
-        return rows[0].message if rows else None
-
-    def _after_overflow(self, exc: BaseException, plan: CallPlan) -> WindowView:
-        """Fold down to half the budget after the provider said "too long" (half the model's
-        context window when the error names it and it is the smaller: the budget was set past
-        what the model takes); the new view."""
-        counted = overflow_tokens(exc)
-        limit = self.info().policy.budget_tokens
-        if counted is not None and 0 < counted[1] < limit:
-            limit = counted[1]
-        self.fold_inline(trigger="overflow", target_tokens=limit // 2,
-                         measured_tokens=counted[0] if counted else None)
-        return self._view(plan)
-
-    def _recall_round(self, plan: CallPlan, response: Any, rounds: int,
-                      sent: WindowView | None = None) -> WindowView | None:
-        """When ``response`` asks only for recall and rounds are left: answer it, append the
-        exchange (``recall=True``) and return the view to call the model with again. None:
-        ``response`` is the one to return.
-
-        ``sent``: the view the request was built from; the answers are then sized so that the
-        request carrying them stays within the budget (:meth:`_answer_basis`)."""
-        if not plan.recall or rounds >= plan.policy.recall_max_rounds:
-            return None
-        calls = tool_calls(response)
-        if not asks_only_recall(calls):
-            return None
-        answers = self._answer(calls, self._answer_basis(plan, sent, response))
-        exchange = [{"role": "assistant", "content": _content_of(response)},
-                    {"role": "user", "content": [a.tool_result(c.id)
-                                                 for c, a in zip(calls, answers, strict=True)]}]
-        reply_id = _response_id(response)
-        self._nudge_if_crossed(self.store.append(
-            self.session_id, exchange, recall=True,
-            key=f"recall-{reply_id}" if reply_id else None))
-        self.recall_rounds += 1
-        return self._view(plan)
-
-    def _still_too_long(self, exc: BaseException) -> ContextOverflowError:
-        report = self.last_fold
-        outcome = f"{report.outcome}, {report.tokens_after} tokens after" if report else "none"
-        return ContextOverflowError(
-            f"session {self.session_id!r}: the request is still too long after an inline fold "
-            f"({outcome}); the provider said: {exc}")
-
-    def _after_call(self, response: Any, view: WindowView) -> None:
-        self.calls += 1
-        usage, model = _response_usage(response)
-        if usage is None:
-            self.unmeasured += 1
-            if self.unmeasured == 1:
-                log.warning("session %s: the model call returned no usage to report",
-                            self.session_id)
-            return
-        # A guarded request is reported as the stored window's size; the recall tool's
-        # definition, which the calibration leaves out, is taken off.
-        self._report_usage(usage, seq=view.last_seq, revision=view.revision, model=model,
-                           unsent_tokens=view.unsent_tokens - view.tool_tokens)
+    def open_call(self, *, takes_tools: bool = True, over_budget: OverBudget | None = None,
+                  cache_breakpoints: bool = False) -> CallLoop:
+        """A :class:`~.call_loop.CallLoop` for one call on this session, not started: what
+        :meth:`call`, the async handle and the SDK wrappers' streams drive. ``takes_tools``:
+        the model call is given the tools sessionfold adds (else recall is off for it)."""
+        return CallLoop.open(self, takes_tools=takes_tools, over_budget=over_budget,
+                             cache_breakpoints=cache_breakpoints)
 
     def call(self, fn: ModelCall | ModelCallWithTools, *, over_budget: OverBudget | None = None,
              cache_breakpoints: bool = False) -> Any:
@@ -790,32 +477,81 @@ class SessionHandle:
         other than an overflow propagate as they are; a second overflow raises
         ContextOverflowError chained to the provider's error.
         """
-        plan, view = self._plan_call(fn, over_budget, cache_breakpoints)
-        rounds = 0
+        mode = tools_mode(fn)
+        loop = self.open_call(takes_tools=mode != "none", over_budget=over_budget,
+                              cache_breakpoints=cache_breakpoints)
+        step = loop.start()
         while True:
-            response = self._send(fn, plan, view)
-            next_view = self._recall_round(plan, response, rounds, view)
-            if next_view is None:
-                return response
-            view, rounds = next_view, rounds + 1
-
-    def _send(self, fn: Callable[..., Any], plan: CallPlan, view: WindowView) -> Any:
-        """One request (and its retry after an inline fold on overflow), its usage reported."""
-        try:
-            response = plan.invoke(fn, view)
-        except Exception as exc:
-            if not is_context_overflow(exc):
-                raise
-            view = self._after_overflow(exc, plan)
             try:
-                response = plan.invoke(fn, view)
-            except Exception as again:
-                if is_context_overflow(again):
-                    raise self._still_too_long(again) from again
-                raise
-        self._after_call(response, view)
-        return response
+                reply = invoke(fn, mode, step)
+            except Exception as exc:
+                after = loop.failed(exc)
+                if isinstance(after, RaiseError):
+                    after.throw()
+                step = after
+                continue
+            done = loop.replied(reply)
+            if isinstance(done, ReturnReply):
+                return done.reply
+            step = done
 
+    # The loop's session side (:class:`~.call_loop.CallSession`): store and bus work, no model.
+
+    def plan_call(self, *, takes_tools: bool, over_budget: OverBudget | None,
+                  cache_breakpoints: bool) -> CallPlan:
+        """Read the session once and plan one call: the over-budget choice, and whether
+        recall is on for it (the model call takes the tools and the policy has recall on)."""
+        choice = check_over_budget(over_budget or self.over_budget)
+        info = self.info()
+        if not takes_tools and info.policy.recall and not self._told_recall_off:
+            self._told_recall_off = True
+            log.info("session %s: the model call takes no tools (fn(system, messages)), so "
+                     "recall is off for it: take a third argument or tools= to offer "
+                     "sessionfold_recall", self.session_id)
+        recall = takes_tools and info.policy.recall
+        tools = [anthropic_tool()] if recall else []
+        return CallPlan(recall=recall, tools=tools, policy=info.policy,
+                        cache_breakpoints=cache_breakpoints, calibration=info.calibration,
+                        system_tokens=info.system_tokens, extra_tokens=tool_tokens(tools),
+                        over_budget=choice, current_tokens=info.current_tokens)
+
+    def request_view(self, plan: CallPlan) -> WindowView:
+        """The view one request sends: the stored window through the pre-send guard and the
+        hard cap (:mod:`.request_guard`)."""
+        return self._requests.view(plan)
+
+    def request_tokens(self, plan: CallPlan, view: WindowView) -> int:
+        """The estimate of the request ``view`` as sent: the system prompt, the items as
+        rendered (with their recall hints), the tools sessionfold adds."""
+        counter = self.store.counter
+        return plan.system_tokens + plan.extra_tokens + sum(
+            counter.message(rendered(item, recall=view.recall)) for item in view.items)
+
+    def report_reply(self, reply: Any, *, seq: int, revision: int, unsent_tokens: int) -> None:
+        """Count one model call of :meth:`call` and publish its usage (see
+        :meth:`_report_usage` for ``unsent_tokens``)."""
+        self.calls += 1
+        usage, model = _response_usage(reply)
+        if usage is None:
+            self.unmeasured += 1
+            if self.unmeasured == 1:
+                log.warning("session %s: the model call returned no usage to report",
+                            self.session_id)
+            return
+        self._report_usage(usage, seq=seq, revision=revision, model=model,
+                           unsent_tokens=unsent_tokens)
+
+    def answer_round(self, plan: CallPlan, reply: Any, calls: Sequence[ToolCall],
+                     sent_tokens: int | None) -> None:
+        """Answer a recall-only ``reply`` from the ledger, sized by the request that carried
+        it (:mod:`.recall_round`), and append the exchange with ``recall=True``."""
+        basis = answer_basis(self.info(), plan, sent_tokens, reply, self.store.counter)
+        answers = self._answer(calls, basis)
+        key = reply_id(reply)
+        self._nudge_if_crossed(self.store.append(
+            self.session_id, recall_exchange(reply, calls, answers), recall=True,
+            key=f"recall-{key}" if key else None))
+        self.recall_rounds += 1
 
 def _adjusted(event: UsageEvent, tokens: int) -> UsageEvent:
     """``event`` measuring ``tokens`` more (or fewer) prompt tokens: added to its uncached
@@ -832,12 +568,6 @@ def _adjusted(event: UsageEvent, tokens: int) -> UsageEvent:
         left -= take
     return dataclasses.replace(event, input_tokens=parts[0], cache_read_input_tokens=parts[1],
                                cache_creation_input_tokens=parts[2])
-
-
-def _tool_tokens(tools: Sequence[Mapping[str, Any]]) -> int:
-    """The estimate of the tool definitions sessionfold adds to a request (see
-    :attr:`WindowView.tool_tokens`)."""
-    return sum(count_text(json.dumps(tool, ensure_ascii=False)) for tool in tools)
 
 
 def _block_dict(raw: Any) -> dict[str, Any]:

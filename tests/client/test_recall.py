@@ -178,7 +178,9 @@ def test_the_model_recalls_ledger_rows_by_the_seq_its_window_names(
 
 
 def test_a_huge_original_is_paged_by_offset(client: Client, provider: FakeProvider) -> None:
-    agent = client.session("big", policy=FoldPolicy(budget_tokens=32_000))
+    # Only a clip edited this window, which keeps head and tail in sight: the tool is offered
+    # for it on request only (recall_offer="always"), as the model here pages the clipped part.
+    agent = client.session("big", policy=FoldPolicy(budget_tokens=32_000, recall_offer="always"))
     huge = "\n".join(f"row {i:06d}: " + "x" * 60 for i in range(6000))  # ~420 K characters
     agent.append([{"role": "user", "content": "Read the big file."}, *tool_step(1, huge)[:1]])
     agent.append(tool_step(1, huge)[1:])
@@ -528,14 +530,19 @@ def test_answers_are_sized_by_the_request_as_it_went_out_and_the_recall_call(
     # sized by it alone took the request after them past the budget (B1 at 16k with the
     # recall tool: 3 requests; 1 once the basis below was used).
     agent = grown_session(client, "basis")
-    plan, view = agent._plan_call(ask(provider), None, False)
+    loop = agent.open_call(takes_tools=True)
+    view = loop.start().view
+    plan = loop.plan
     assert plan.recall and view.recall
     response = {"content": [{"type": "text", "text": "Let me look that up."},
                             {"type": "tool_use", "id": "r1", "name": "sessionfold_recall",
                              "input": {"query": ACCOUNT}}]}
     stored = agent.info().current_tokens
-    basis = agent._answer_basis(plan, view, response).current_tokens
     counter = client.store.counter
+    from sessionfold.client.recall_round import answer_basis
+
+    basis = answer_basis(agent.info(), plan, loop.state.sent_tokens, response,
+                         counter).current_tokens
     from sessionfold.client.window_view import rendered
     from sessionfold.core.messages import parse_message
 

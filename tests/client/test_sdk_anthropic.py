@@ -18,11 +18,11 @@ from sessionfold.client import (
     AsyncSessionAnthropic,
     Client,
     HistoryMismatchError,
+    ReplyNotRecordedError,
     SessionAnthropic,
     SessionHandle,
     connect,
 )
-from sessionfold.client.sdk import ReplyNotRecordedError
 from sessionfold.core.errors import ContextOverflowError, SessionNotFoundError, StoreError
 from sessionfold.core.messages import parse_message
 from sessionfold.core.policy import FoldPolicy

@@ -17,11 +17,11 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider, FakeProviderServe
 from sessionfold.client import (
     Client,
     HistoryMismatchError,
+    ReplyNotRecordedError,
     SessionHandle,
     SessionOpenAI,
     connect,
 )
-from sessionfold.client.sdk import ReplyNotRecordedError
 from sessionfold.core.errors import ContextOverflowError, InvalidMessageError, SessionNotFoundError
 from sessionfold.core.messages import Conversation
 from sessionfold.core.openai_shape import from_openai
