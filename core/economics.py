@@ -65,7 +65,7 @@ MIN_HORIZON_CALLS = 8
 #: has lived n calls lives about n more as often as not (the median), but a fold priced on the
 #: median loses money on every session that ends sooner; priced on a share q of it, the fold
 #: pays back before the session ends with probability about 1/(1 + q) under that prior.
-HORIZON_SHARE = 1.0
+HORIZON_SHARE = 0.5
 
 
 def nothing_to_price(window_tokens: float) -> dict[str, object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from sessionfold.core.cycles import FoldOption, choose_fold
 from sessionfold.core.economics import (
+    HORIZON_SHARE,
     MIN_HORIZON_CALLS,
     ceiling_tokens,
     expected_calls_left,
@@ -79,8 +80,9 @@ def test_the_next_trigger_after_a_refusal_for_a_short_life_is_the_revisit() -> N
 
 def test_the_age_is_the_prior_unless_the_agent_says_how_long_it_runs() -> None:
     policy = FoldPolicy(budget_tokens=16_000)
-    assert expected_calls_left(policy, 40) == (40.0, 1.0)
-    assert expected_calls_left(policy, 2) == (float(MIN_HORIZON_CALLS), 1.0)
+    assert expected_calls_left(policy, 40) == (HORIZON_SHARE * 40, HORIZON_SHARE)
+    assert expected_calls_left(policy, 2) == (float(MIN_HORIZON_CALLS), HORIZON_SHARE)
+    assert 0 < HORIZON_SHARE <= 1  # priced on no more than the median remaining life
     told = FoldPolicy(budget_tokens=16_000, expected_calls=50)
     assert expected_calls_left(told, 40) == (10.0, -1.0)
     assert expected_calls_left(told, 80) == (1.0, -1.0)  # past its estimate: a call at a time
