@@ -181,7 +181,8 @@ class Client:
             # This process serves no /metrics: a scheduler counts the visit from the stream.
             visit = VisitCounts.from_record(
                 report.record, duration_s=duration_s,
-                cost_usd=summarizer_cost_usd(report.summarizer_usage))
+                cost_usd=summarizer_cost_usd(report.summarizer_usage,
+                                             self.settings.price_table()))
             self.publisher.publish(FoldEvent(visit))  # never raises; buffers while Redis is away
 
     def close(self) -> None:

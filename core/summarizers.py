@@ -8,7 +8,7 @@ it, if any) into text plus the usage it cost::
         context_tokens: int      # the most transcript tokens one call may carry
         def summarize(self, messages, *, previous_summary=None, must_keep=()) -> Summary: ...
 
-Two implementations ship, one here and one beside the runtime:
+Three implementations ship, one here and two beside the runtime:
 
 - :class:`~sessionfold.runtime.providers.anthropic.AnthropicSummarizer`, in the fold runtime
   (the engine imports no network client), calls a cheap model through ``anthropic``. The transcript
@@ -20,6 +20,9 @@ Two implementations ship, one here and one beside the runtime:
   errors become :class:`TransientSummarizerError` (with the ``retry-after`` hint in seconds);
   any other status, an empty answer, a refusal or a context-window stop become
   :class:`PermanentSummarizerError`.
+- :class:`~sessionfold.runtime.providers.openai.OpenAISummarizer` does the same through the
+  ``openai`` SDK for any OpenAI-compatible Chat Completions endpoint (the ``openai`` extra), with
+  the same markers, the same error mapping and its usage reported in the shape above.
 - :class:`ExtractiveSummarizer` writes a bounded, deterministic digest without any model: the
   identifiers first, every one the retention check counts whatever its length (so it passes the
   check), then the requests and the agent's latest notes. It serves demos, tests and sessions
