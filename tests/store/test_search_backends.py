@@ -35,6 +35,11 @@ from sessionfold.core.session_files import load_conversation_file
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 PLANTED = "planted"
 ACCOUNT = "ACCT-90417"
+#: Queries that FTS5 or ``to_tsquery`` would read as operators, column filters or prefixes if
+#: given them as written; one planted message holds them all verbatim.
+SYNTAX_QUERIES = ['ACCT-31337 AND "NEAR(" * col:quux', "index_text : foozle", "- NOT xyzzy",
+                  "plugh OR", "((( frobnitz", "'''wibble'''", "\\'grault", "garply:waldo:fred",
+                  "NEAR(thud corge, 2)", "^startle", "prefixo*"]
 
 
 class Databases(Protocol):
@@ -88,6 +93,8 @@ def _planted_messages() -> list[tuple[str, Message]]:
                                                                content=big_file)])),
         ("decoy", Message(role="assistant", content="Closed ACCT-90418 yesterday; parcel 90417 "
                           "left today.")),
+        ("syntax", Message(role="assistant", content="Odd strings seen in the logs:\n"
+                           + "\n".join(SYNTAX_QUERIES))),
         ("django", Message(role="assistant", content=[TextBlock(
             text="In django/core/management/base.py, BaseCommand raises "
                  "CommandError(self.missing_args_message) when no label is given.")])),
@@ -403,14 +410,15 @@ def test_hostile_queries_never_raise_a_database_error(index: Index, text: str) -
                                         tsquery=query.tsquery(mode), fallback=False), 5)
 
 
-@pytest.mark.parametrize("text", ['ACCT-90417 AND "NEAR(" * col:x', "index_text : foo",
-                                  "- NOT x", "a OR", "((( x", "'''x'''", "\\'y", "x:y:z",
-                                  "NEAR(a b, 2)", "^start", "pre*"])
+@pytest.mark.parametrize("text", SYNTAX_QUERIES)
 def test_queries_that_are_fts5_and_tsquery_syntax_are_searched_as_words(
-        index: Index, text: str) -> None:
-    query = parse_query(text)
-    for tier in query.tiers():
-        index.run(tier, 5)
+        index: Index, corpus: Corpus, text: str) -> None:
+    """Each query is planted verbatim in one message: read as words (not as operators, column
+    filters or prefixes), its strict tier finds that message first."""
+    hits = _planted_hits(index, corpus, text)
+    assert hits, (index.name, text)
+    assert hits[0][:2] == (PLANTED, corpus.planted["syntax"]), (index.name, text, hits[:3])
+    assert hits[0][2] in ("exact", "all"), (index.name, text, hits[0])
 
 
 # --- deletion ------------------------------------------------------------------------------------
