@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "sessionfold.cli.commands.prune",
     "sessionfold.cli.commands.pipeline",
     "sessionfold.cli.commands.demo",
+    "sessionfold.cli.commands.standin",
     "sessionfold.cli.commands.recall",
     "sessionfold.cli.commands.serve",
     "sessionfold.cli.commands.keys",

@@ -70,6 +70,7 @@ __all__ = [
     "check_flower_exposure",
     "flower_login",
     "free_port",
+    "is_loopback",
     "port_or_free",
     "settings_environ",
 ]
@@ -133,7 +134,7 @@ def check_flower_exposure(settings: Settings) -> None:
     rebinding reaches it too); without ``SESSIONFOLD_FLOWER_BASIC_AUTH`` it makes a login of
     its own (:func:`flower_login`), good for this machine's loopback address only.
     """
-    if settings.flower_basic_auth is not None or _is_loopback(settings.flower_host):
+    if settings.flower_basic_auth is not None or is_loopback(settings.flower_host):
         return
     raise InvalidInputError(
         f"Flower would serve its API on {settings.flower_host} with a login made for local "
@@ -177,7 +178,8 @@ def flower_login(settings: Settings) -> tuple[Settings, FlowerLogin]:
     return updated, FlowerLogin(_FLOWER_USER, password, path)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (``localhost`` or a loopback address)."""
     # Names other than "localhost" are not resolved: what they resolve to can change.
     if host.lower() == "localhost":
         return True

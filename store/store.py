@@ -252,6 +252,15 @@ class SessionStore:
         with self._db.read() as conn:
             return sessions.list_sessions(conn, limit=limit, after=after, prefix=prefix)
 
+    def last_fold_times(self, sids: Iterable[str]) -> dict[str, datetime]:
+        """When each of ``sids`` last had a fold committed, by id; a session never folded (or
+        absent, or with an id no session could have) is missing."""
+        wanted = sorted({sid for sid in sids if _valid_id(sid)})
+        if not wanted:
+            return {}
+        with self._db.read() as conn:
+            return sessions.last_folds(conn, wanted)
+
     def over_trigger(self, *, limit: int = 1000) -> list[SessionInfo]:
         """Sessions past their trigger (a background fold is due), not paused, most over
         first: what the scheduler's sweep re-finds when Redis lost their usage events."""

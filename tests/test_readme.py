@@ -17,6 +17,9 @@
   provider's HTTP server (:mod:`sessionfold.cli.standin.fakeprovider`) through the SDK's own
   ``ANTHROPIC_BASE_URL``. The provider's context window is made small, so the agent example meets
   "prompt is too long" and its ``call()`` must fold inline and retry.
+- The offline example runs as its section writes it: ``sessionfold standin`` in one process, the
+  agent saved under the name its command line gives, run in another with that line's
+  environment (the one change: the stand-in listens on a free port).
 
 The two tables are generated from the models: ``python tests/test_readme.py`` prints them with
 the README's current meanings (``TODO`` for a new field) to paste into the README.
@@ -30,6 +33,9 @@ import io
 import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +51,7 @@ MAKEFILE = REPO / "Makefile"
 SETTINGS_HEADING = "### Environment variables"
 POLICY_HEADING = "### FoldPolicy"
 BENCH_HEADING = "## Benchmarks"
+OFFLINE_HEADING = "## Run your own agent offline"
 NOT_YET = "Not yet in bench/RESULTS.md"
 SHELL_LANGS = frozenset({"sh", "bash", "shell", "console"})
 
@@ -95,6 +102,27 @@ def split_markdown(text: str) -> tuple[list[Fence], str]:
 
 def readme() -> str:
     return README.read_text(encoding="utf-8")
+
+
+def fences_under(heading: str) -> list[Fence]:
+    """The fenced blocks under ``heading``, up to the next heading of its level or higher (a
+    ``# comment`` line inside a fence is no heading)."""
+    text = readme()
+    fences, _ = split_markdown(text)
+    fenced = {n for f in fences for n in range(f.line, f.line + len(f.body.splitlines()) + 2)}
+    level = len(heading) - len(heading.lstrip("#"))
+    start: int | None = None
+    end = len(text.splitlines()) + 1
+    for number, line in enumerate(text.splitlines(), start=1):
+        if number in fenced:
+            continue
+        if line == heading:
+            start = number
+        elif start is not None and re.match(rf"#{{1,{level}}} ", line):
+            end = number
+            break
+    assert start is not None, f"the README has no {heading!r} section"
+    return [f for f in fences if start < f.line < end]
 
 
 def code_spans(prose: str) -> list[str]:
@@ -397,8 +425,11 @@ def test_benchmarks_called_not_yet_measured_are_absent_from_results() -> None:
 
 
 def python_examples() -> list[Fence]:
+    """The Python blocks run together in one process (the offline example's runs on its own, as
+    its section says: :func:`test_the_offline_example_runs_as_written`)."""
     fences, _ = split_markdown(readme())
-    return [f for f in fences if f.lang == "python"]
+    offline = fences_under(OFFLINE_HEADING)
+    return [f for f in fences if f.lang == "python" and f not in offline]
 
 
 def test_the_readme_shows_the_integration_and_the_app_server() -> None:
@@ -508,6 +539,100 @@ def test_the_python_examples_run(embedded_home: Path, monkeypatch: pytest.Monkey
             # The app-server example printed what it read.
             assert any(str(info.revision) in out and sid in out for out in outputs)
     assert any("folded" in out for out in outputs), "the engine example prints its outcome"
+
+
+@dataclass(frozen=True)
+class OfflineExample:
+    """The offline section's two command lines and its agent, as written."""
+
+    standin: list[str]  # argv after `sessionfold`
+    env: dict[str, str]  # the agent's command line's VAR=value words
+    agent_file: str
+    code: str
+    ledger_len: int  # what the section says the agent prints
+
+
+def offline_example() -> OfflineExample:
+    fences = fences_under(OFFLINE_HEADING)
+    shell = [f for f in fences if f.lang in SHELL_LANGS]
+    code = [f for f in fences if f.lang == "python"]
+    assert len(shell) == 1 and len(code) == 1, "the offline section: one shell and one Python block"
+    standin: list[str] | None = None
+    agent: tuple[dict[str, str], str] | None = None
+    for _, line in _joined_lines(shell[0].body):
+        tokens = shlex.split(line.removeprefix("$ "), comments=True)
+        env: dict[str, str] = {}
+        while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
+            name, _, value = tokens.pop(0).partition("=")
+            env[name] = value
+        if tokens[:2] == ["sessionfold", "standin"]:
+            standin = tokens[1:]
+        elif tokens[:1] == ["python"] and len(tokens) == 2:
+            agent = (env, tokens[1])
+    assert standin is not None, "the offline section runs `sessionfold standin`"
+    assert agent is not None, "the offline section runs the agent with `python FILE`"
+    section_text = section(readme(), OFFLINE_HEADING)
+    printed = re.search(r"`(\d+) messages in the ledger`", section_text)
+    assert printed, "the offline section says what the agent prints"
+    return OfflineExample(standin, agent[0], agent[1], code[0].body, int(printed[1]))
+
+
+def test_the_offline_example_runs_as_written(embedded_home: Path) -> None:
+    from sessionfold.cli.commands.standin import DEFAULT_PORT
+    from sessionfold.cli.main import main
+    from sessionfold.cli.standin.fakeprovider import ToolUse
+    from sessionfold.cli.standin.script import load_script
+    from sessionfold.core.messages import ToolResultBlock, ToolUseBlock
+    from sessionfold.store import SessionStore
+
+    example = offline_example()
+    (embedded_home / example.agent_file).write_text(example.code, encoding="utf-8")
+    default_url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    assert example.env.get("ANTHROPIC_BASE_URL") == default_url, (
+        "the agent's command line points the SDK where `sessionfold standin` listens")
+    script = load_script(embedded_home / example.standin[example.standin.index("--script") + 1])
+    # The one change to the section's commands: a free port (the last --port given wins), as
+    # other programs on this machine may hold the default one.
+    standin = subprocess.Popen(
+        [sys.executable, "-m", "sessionfold.cli", *example.standin, "--port", "0"],
+        cwd=embedded_home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert standin.stdout is not None
+        first = standin.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+", first)
+        assert url, f"`sessionfold standin` printed no URL first: {first!r}"
+        env = {**os.environ, **{k: v.replace(default_url, url[0])
+                                for k, v in example.env.items()}}
+        agent = subprocess.run([sys.executable, example.agent_file], cwd=embedded_home,
+                               env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        standin.send_signal(signal.SIGINT)
+        _, standin_err = standin.communicate(timeout=60)
+    assert agent.returncode == 0, agent.stderr[-4000:]
+    assert standin.returncode == 0, standin_err
+    # One request per reply of the script, and no more: the agent stopped at its text reply.
+    last = script[-1]
+    assert isinstance(last, str)
+    assert agent.stdout.splitlines() == [last, f"{example.ledger_len} messages in the ledger"]
+    assert f"stopped after {len(script)} request(s), {len(script)} answered" in standin_err
+    assert "echoing from now on" not in standin_err
+
+    # The model's tool calls came from the script and were answered by the agent's tool.
+    scripted = [(part.name, dict(part.input)) for reply in script
+                if not isinstance(reply, str | ToolUse) for part in reply
+                if isinstance(part, ToolUse)]
+    url_db = f"sqlite:///{embedded_home / '.sessionfold' / 'sessionfold.db'}"
+    with SessionStore.from_url(url_db) as store:
+        (info,) = store.list_sessions()
+        ledger = [entry.message for entry in store.read_ledger(info.id)]
+    assert len(ledger) == example.ledger_len
+    calls = [b for m in ledger for b in m.blocks() if isinstance(b, ToolUseBlock)]
+    assert [(c.name, c.input) for c in calls] == scripted
+    answered = [b.tool_use_id for m in ledger for b in m.blocks()
+                if isinstance(b, ToolResultBlock)]
+    assert answered == [c.id for c in calls]
+    # What the section says to run next works on the session it made.
+    assert main(["inspect", info.id, "--database-url", url_db]) == 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,12 +5,15 @@
     sessionfold demo                                  # 12 generated agents x 150 turns
     sessionfold demo --agents 2 --turns 40 --budget 8000 --out /tmp/demo
     sessionfold demo --transcripts ~/agent-runs/      # replay your own session files
+    sessionfold demo --keep-running                   # then keep Flower and the rest up
 
 Starts the pipeline (embedded Redis and SQLite unless ``REDIS_URL`` / ``DATABASE_URL`` name real
 services; two workers, the scheduler, Flower, metrics), runs the agents concurrently with a
 scripted, time-scaled model, waits for the last folds, prints the report and writes
 ``sessionfold-demo.png`` and ``sessionfold-demo.json`` to ``--out``. Exits 1 when an agent failed
-or folds were still pending at the end.
+or folds were still pending at the end. The report names each agent by its session id, which
+``sessionfold inspect`` and ``sessionfold list`` take; ``--keep-running`` leaves the pipeline up
+after the report until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
+#: Columns of the report written to a log or a pipe: its widest table (session ids of 26
+#: characters) fits on one line per agent.
+REPORT_WIDTH = 170
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``demo`` subcommand."""
@@ -40,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "refusals, summarizer calls on the agents' path and late questions about "
                     "early identifiers. Writes sessionfold-demo.png and sessionfold-demo.json. "
                     "Uses ANTHROPIC_API_KEY for the summarizer when set, the offline one "
-                    "otherwise.")
+                    "otherwise. Agents are named by their session ids: `sessionfold inspect "
+                    "ID` shows one's window, `sessionfold list` every session.")
     demo.add_argument("--agents", type=int, default=None, metavar="N",
                       help="agents to run (default 12; with --transcripts, every file)")
     demo.add_argument("--turns", type=int, default=150, metavar="T",
@@ -57,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="seconds per scripted model call, time-scaled (default 0.05)")
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated agents")
     demo.add_argument("--keep-running", action="store_true",
-                      help="after the report, keep the pipeline (and Flower) up until Ctrl-C")
+                      help="after the report, keep the pipeline (Redis, workers, scheduler, "
+                           "Flower, metrics) up until Ctrl-C, to look at the fold jobs in "
+                           "Flower")
     demo.set_defaults(handler=_demo)
 
 
@@ -67,8 +77,8 @@ def _demo(args: argparse.Namespace) -> int:
                           context_window=args.context_window, model_latency_s=args.model_latency,
                           seed=args.seed, keep_running=args.keep_running)
     console = Console()
-    if not console.is_terminal:  # a log or a pipe: wide enough that the tables keep their columns
-        console = Console(width=max(console.width, 150))
+    if not console.is_terminal:  # a log or a pipe: wide enough that no table row wraps
+        console = Console(width=max(console.width, REPORT_WIDTH))
     settings = Settings()
     embedded_data = settings.embedded_data()
     if embedded_data is not None:

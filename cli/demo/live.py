@@ -26,16 +26,16 @@ class Dashboard:
 
     def __rich__(self) -> RenderableType:
         table = Table(title_justify="left", expand=False)
-        for name, justify in (("agent", "left"), ("turns", "right"), ("folds", "right"),
+        for name, justify in (("session", "left"), ("turns", "right"), ("folds", "right"),
                               ("window now", "right"), ("ledger now", "right"),
                               ("sent so far", "right"), ("ledger re-sent would be", "right")):
             table.add_column(name, justify=justify,  # type: ignore[arg-type]
-                             no_wrap=name == "agent")
+                             no_wrap=name == "session")
         for run in self.runs:
             last = run.last
             state = " (error)" if run.error else (" done" if run.done else "")
             table.add_row(
-                run.script.name + state, f"{len(run.calls)}/{run.script.model_calls}",
+                run.session_id + state, f"{len(run.calls)}/{run.script.model_calls}",
                 str(run.folds_seen), _k(last.wire_tokens) if last else "-",
                 _k(last.ledger_tokens) if last else "-", _k(run.wire_total),
                 _k(run.ledger_total))

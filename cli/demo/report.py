@@ -10,6 +10,10 @@ records of every fold visit; summarizer calls *on the agents' path* are the ones
 inline (the overflow fallback), zero while the background keeps up. A ledger is *intact* when it
 holds every message the agent appended, in order and unchanged: folds edit windows, never
 ledgers.
+
+Agents are named by their session ids (``demo-<run id>-<agent>``), the ids ``sessionfold
+inspect`` and ``sessionfold list`` take: a reader goes from a row of the report to that
+session's window.
 """
 
 from __future__ import annotations
@@ -230,18 +234,18 @@ def render_report(report: DemoReport) -> RenderableType:
 def _agents_table(report: DemoReport) -> Table:
     table = Table(title="Billed input tokens per agent: with sessionfold vs re-sending the "
                         "whole ledger", title_justify="left")
-    for name, justify in (("agent", "left"), ("calls", "right"), ("with", "right"),
+    for name, justify in (("session", "left"), ("calls", "right"), ("with", "right"),
                           ("without", "right"), ("saved", "right"), ("folds", "right"),
                           ("peak window", "right"), ("window / ledger now", "right"),
                           ("agent-path summarizer calls", "right"), ("ledger intact", "center"),
                           ("late questions", "right")):
-        # Agent names (file stems with --transcripts) are what a reader looks for: never cut.
+        # Session ids are what a reader copies into `sessionfold inspect`: never cut.
         table.add_column(name, justify=justify,  # type: ignore[arg-type]
-                         no_wrap=name == "agent")
+                         no_wrap=name == "session")
     for a in report.agents:
         answered = sum(q.answered for q in a.questions)
         table.add_row(
-            a.name + (" (error)" if a.error else ""), str(a.calls), _k(a.billed_with),
+            a.session_id + (" (error)" if a.error else ""), str(a.calls), _k(a.billed_with),
             _k(a.billed_without), f"{a.saved_ratio:.0%}", str(a.folds),
             _k(a.peak_wire_tokens), f"{_k(a.last_wire_tokens)} / {_k(a.last_ledger_tokens)}",
             str(a.agent_summarizer_calls), _yes(a.ledger_intact),
@@ -262,11 +266,11 @@ def _agents_table(report: DemoReport) -> Table:
 def _questions_table(report: DemoReport) -> Table:
     table = Table(title="Late questions about early identifiers: answerable from the window "
                         "sent with the question?", title_justify="left")
-    for name in ("agent", "identifier", "first seen", "asked at", "answered", "found in"):
-        table.add_column(name, no_wrap=name in ("agent", "identifier"))
+    for name in ("session", "identifier", "first seen", "asked at", "answered", "found in"):
+        table.add_column(name, no_wrap=name in ("session", "identifier"))
     for a in report.agents:
         for q in a.questions:
-            table.add_row(a.name, q.identifier, f"#{q.first_seen_seq}", f"#{q.asked_seq}",
+            table.add_row(a.session_id, q.identifier, f"#{q.first_seen_seq}", f"#{q.asked_seq}",
                           _yes(q.answered), q.where)
     return table
 
@@ -285,8 +289,11 @@ def _summary_lines(report: DemoReport) -> list[str]:
     if over:
         lines.append(f"without sessionfold, {over} calls would have exceeded the model's "
                      "context window and been rejected")
-    errors = [f"{a.name}: {a.error}" for a in report.agents if a.error]
+    errors = [f"{a.session_id}: {a.error}" for a in report.agents if a.error]
     lines += [f"error: {e}" for e in errors]
+    if report.agents:
+        lines.append(f"a session's window, fold seams and all: sessionfold inspect "
+                     f"{report.agents[0].session_id} (every session: sessionfold list)")
     if report.chart_path:
         lines.append(f"chart: {report.chart_path}")
     lines += report.notes

@@ -391,6 +391,12 @@ class FakeProvider:
         with self._lock:
             self._replies.extend(replies)
 
+    @property
+    def replies_left(self) -> int:
+        """Queued replies (:meth:`script_reply`) not yet played."""
+        with self._lock:
+            return len(self._replies)
+
     def fail_always(self, fault: Fault | None) -> None:
         """Answer every request with ``fault`` (None: serve normally again)."""
         with self._lock:

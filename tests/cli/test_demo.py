@@ -8,8 +8,10 @@ the scripted provider's own token count of every ledger prefix, and the store th
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from sessionfold.cli.demo import (
     CHART_NAME,
     REPORT_NAME,
@@ -25,7 +28,9 @@ from sessionfold.cli.demo import (
     generated_fleet,
     transcript_fleet,
 )
-from sessionfold.cli.demo.fleet import AgentRun, check_question, drive
+from sessionfold.cli.demo.fleet import AgentRun, QuestionCheck, check_question, drive
+from sessionfold.cli.demo.report import AgentReport, DemoReport, render_report
+from sessionfold.cli.main import main
 from sessionfold.cli.stack import free_port
 from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.cli.standin.opsagent import LateQuestion, generate_session
@@ -199,7 +204,64 @@ def test_chart_is_written_as_a_png(demo: DemoRun) -> None:
     assert len(data) > 20_000  # axes, two panels and lines, not an empty canvas
 
 
+def _first_cells(table: str) -> list[str]:
+    """The first column of a rich table's body rows, up to its total row."""
+    cells = []
+    for line in table.splitlines():
+        if not line.startswith("│"):
+            continue  # borders and the header (drawn with ┃)
+        cell = line.split("│")[1].strip()
+        if cell == "total":
+            break
+        if cell:  # a wrapped row's continuation line leaves it empty
+            cells.append(cell)
+    return cells
+
+
+@pytest.mark.slow
+def test_the_report_names_agents_by_the_ids_inspect_and_list_take(
+        demo: DemoRun, capsys: pytest.CaptureFixture[str]) -> None:
+    report = demo.stdout[demo.stdout.index("Billed input tokens per agent"):]
+    shown = _first_cells(report)
+    assert shown == [a["session_id"] for a in _agents(demo)]
+    url = f"sqlite:///{demo.data / 'sessionfold.db'}"
+    for sid in shown:
+        assert main(["inspect", sid, "--database-url", url]) == 0
+        assert capsys.readouterr().out.startswith(f"session {sid} ")
+    assert main(["list", "--json", "--database-url", url]) == 0
+    listed = json.loads(capsys.readouterr().out)["sessions"]
+    assert [s["id"] for s in listed] == shown
+    assert all(s["last_fold_at"] and s["budget_tokens"] == BUDGET for s in listed)
+    assert f"sessionfold inspect {shown[0]} (every session: sessionfold list)" in demo.stdout
+
+
 # --- the pieces, without the pipeline --------------------------------------------------------
+
+def _one_agent_report(name: str, sid: str) -> DemoReport:
+    question = QuestionCheck("ACCT-4242", asked_seq=9, first_seen_seq=2, in_summary=True,
+                             kept_seqs=())
+    agent = AgentReport(
+        name=name, session_id=sid, source="generated", messages=10, calls=5, folds=1, visits=1,
+        refusals={}, billed_with=100, billed_without=200, peak_wire_tokens=50,
+        last_wire_tokens=40, last_ledger_tokens=90, over_context_without=0,
+        agent_summarizer_calls=0, inline_folds=0, overflow_rejections=0,
+        background_summarizer_calls=1, ledger_messages=10, ledger_intact=True,
+        questions=[question], fold_turns=[3])
+    return DemoReport(agents=[agent], summarizer="offline", summarizer_kind="offline",
+                      budget_tokens=8000, context_window=200_000, model_latency_s=0.05)
+
+
+def test_the_rendered_report_names_the_session_not_the_agent_script() -> None:
+    console = Console(width=220, record=True, file=io.StringIO())
+    console.print(render_report(_one_agent_report("ops-agent-00", "demo-abc123-ops-agent-00")))
+    text = console.export_text()
+    tables = text.split("Late questions about early identifiers")
+    assert _first_cells(tables[0]) == ["demo-abc123-ops-agent-00"]
+    assert _first_cells(tables[1]) == ["demo-abc123-ops-agent-00"]
+    assert not re.search(r"│ ops-agent-00 ", text)
+    assert ("a session's window, fold seams and all: sessionfold inspect "
+            "demo-abc123-ops-agent-00 (every session: sessionfold list)") in text
+
 
 @pytest.fixture
 def transcripts_dir() -> Path:

@@ -6,7 +6,7 @@ import pytest
 from sessionfold.core.errors import InvalidInputError, InvalidPolicyError, SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.store import SessionStore
-from store_helpers import row_counts, turn, user
+from store_helpers import Clock, plan, row_counts, turn, user
 
 POLICY = FoldPolicy(budget_tokens=4000)
 
@@ -143,6 +143,36 @@ def test_list_sessions_pages_by_id(store: SessionStore) -> None:
     assert [s.id for s in rest] == ["c", "d", "e"]
     with pytest.raises(InvalidInputError, match="limit"):
         store.list_sessions(limit=0)
+
+
+def _visit(store: SessionStore, sid: str, job_id: str) -> str:
+    """One fold visit of ``sid`` planned and committed as a worker would; its outcome."""
+    claim = store.claim(sid, job_id)
+    store.commit_fold(sid, plan(store, sid), epoch=claim.epoch, job_id=job_id,
+                      incarnation=claim.incarnation)
+    return store.records(sid)[-1].outcome
+
+
+def test_last_fold_times_are_each_sessions_newest_committed_fold(store: SessionStore,
+                                                                 clock: Clock) -> None:
+    policy = FoldPolicy(budget_tokens=2000, keep_recent_turns=2)
+    store.create_session("twice", policy)
+    store.create_session("never", policy)
+    store.append("twice", [user("keep the build green"), *[m for i in range(20)
+                                                           for m in turn(f"a{i}")]])
+    store.append("never", [user("a task too small to fold")])
+    assert _visit(store, "twice", "job-1") == "folded"
+    clock.advance(60)
+    store.append("twice", [m for i in range(20) for m in turn(f"b{i}")])
+    assert _visit(store, "twice", "job-2") == "folded"
+    second = clock.now
+    clock.advance(60)
+    # A later visit that folds nothing is no fold: it leaves the time where it was.
+    assert _visit(store, "twice", "job-3") == "nothing-to-fold"
+    assert _visit(store, "never", "job-4") == "nothing-to-fold"
+    assert store.last_fold_times(["twice", "never", "absent", "", "x" * 300]) == {
+        "twice": second}
+    assert store.last_fold_times([]) == {}
 
 
 def test_delete_removes_the_session_and_everything_it_holds(store: SessionStore) -> None:
