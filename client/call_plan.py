@@ -24,12 +24,14 @@ from .recall import anthropic_tool
 
 __all__ = ["OVER_BUDGET_CHOICES", "CallPlan", "OverBudget", "check_over_budget", "tool_tokens"]
 
-#: What ``call()`` does with a request it cannot shrink under the budget (see
-#: :mod:`.session`): ``cap`` (the default) folds inline and otherwise refuses to send; ``send``
-#: sends the best shrink; ``fold`` also folds inline before any request while the window is
-#: past the budget.
-OverBudget = Literal["cap", "send", "fold"]
-OVER_BUDGET_CHOICES: tuple[str, ...] = ("cap", "send", "fold")
+#: What ``call()`` does with a request past the budget less its margin (see
+#: :mod:`.request_guard`): ``cap`` (the default) folds the session inline and sends the folded
+#: window, refusing to send what still cannot fit; ``shrink`` sends the guard's shrink of the
+#: request alone when it fits (no summarizer call on the agent's path), folding inline only when
+#: it does not; ``send`` sends the best shrink, fitting or not; ``fold`` is ``cap`` that also
+#: folds before any request while the stored window is past the budget.
+OverBudget = Literal["cap", "shrink", "send", "fold"]
+OVER_BUDGET_CHOICES: tuple[str, ...] = ("cap", "shrink", "send", "fold")
 
 
 def check_over_budget(choice: object) -> OverBudget:

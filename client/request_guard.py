@@ -2,13 +2,25 @@
 
 Before each request (the first, each recall round's, the retry after an overflow) the stored
 window goes through the pre-send guard (:mod:`sessionfold.core.guard`) with the call's plan.
-Past the budget less the margin, the best shrink of the outgoing request alone goes out; under
-``over_budget="cap"`` or ``"fold"``, a request the cheap stages cannot bring under has the
-session folded inline (through the workers' claim and commit) and is guarded again with every
-stage, and one still over raises :class:`~sessionfold.core.errors.BudgetExceededError` naming
-what cannot fit, before anything is sent. Under ``"send"`` the best shrink goes out, counted and
-logged once. The stored window is left alone: no claim, no commit, so it never races a
-background fold; the guard is deterministic, so the same window goes out as the same bytes.
+
+Under ``over_budget="cap"`` (the default) or ``"fold"``, a request past the guard's line (the
+budget less the margin) has the session folded inline first, through the workers' claim and
+commit, and the folded window is guarded again. A window that far past its trigger means the
+background fold is late (a slow summarizer, a long queue): shrinking the request alone would
+rewrite the prompt cache from an early item on this call and again when the late fold lands,
+and while the window keeps growing each call's shrink moves; one fold on the agent's path
+rewrites it once (B1 with folds landing six calls late, short sessions at 16k: 1.10x of no
+compaction with request-only shrinks, 0.91x folding inline; ten sessions above their own
+no-compaction cost, then six). An inline fold that changed
+nothing is not tried again by this handle until a fold lands (its refusal is recorded once,
+not once a call); the request then goes out as the guard's best shrink. A request still over
+after every stage raises
+:class:`~sessionfold.core.errors.BudgetExceededError` naming what cannot fit, before anything is
+sent. Under ``"shrink"`` a request the guard's stages bring under goes out so, shrunk on its own
+(no summarizer call on the agent's path; the cache is rewritten as said above), and only one
+they cannot is folded inline. Under ``"send"`` nothing is folded here: the best shrink goes out,
+counted and logged once. The guard itself writes nothing: the same window goes out as the same
+bytes.
 """
 
 from __future__ import annotations
@@ -57,6 +69,9 @@ class RequestGuard:
         self.guard_over_budget = 0
         self.cap_folds = 0
         self._told_over_budget = False
+        #: The session's fold revision when an inline fold of this handle last changed
+        #: nothing: no inline fold for a shrinkable request until another fold lands.
+        self._fruitless_at: int | None = None
 
     def view(self, plan: CallPlan) -> WindowView:
         """The view one request sends (see the module doc)."""
@@ -65,20 +80,54 @@ class RequestGuard:
         if not plan.policy.guard:
             return self._render(window, None, plan)
         guarded = self._guard(window, plan, "clip-protected")
-        if guarded.outcome == "over-budget" and plan.over_budget != "send":
-            # Nothing cheap gets it under: fold on the agent's path, through the workers'
-            # claim and commit (the inline claim wins over a background fold in flight), then
-            # guard the folded window with every stage.
-            self.cap_folds += 1
-            metrics().record_guard("folded-inline")
-            self._session.fold_inline(trigger="overflow", measured_tokens=guarded.tokens_before)
+        folded = False
+        if (guarded.outcome == "guarded" and plan.over_budget in ("cap", "fold")
+                and not self._fruitless()):
+            # Past the line: the background fold is late. Fold on the agent's path (the
+            # inline claim wins over a background fold in flight) rather than send a shrink
+            # of this request alone (module doc).
+            self._fold(guarded)
+            folded = True
             window = store.read_window(self._session.session_id)
+            guarded = self._guard(window, plan, "clip-protected")
+        if guarded.outcome == "over-budget" and plan.over_budget != "send":
+            # Nothing cheap gets it under: fold inline (unless that was just done), then guard
+            # the folded window with every stage.
+            if not folded:
+                self._fold(guarded)
+                window = store.read_window(self._session.session_id)
             guarded = self._guard(window, plan, "drop-history")
             if guarded.outcome == "over-budget":
                 raise self._too_large(guarded, plan)
-        if guarded.outcome == "over-budget":
+        if guarded.outcome == "guarded":
+            self._shrunk(guarded, window.revision)
+        elif guarded.outcome == "over-budget":
             self._sent_over(guarded, plan)
         return self._render(window, guarded, plan)
+
+    def _fold(self, guarded: GuardResult) -> None:
+        """Fold the session inline for a request past the line, counted; remember a fold that
+        changed nothing (:meth:`_fruitless`)."""
+        self.cap_folds += 1
+        metrics().record_guard("folded-inline")
+        report = self._session.fold_inline(trigger="overflow",
+                                           measured_tokens=guarded.tokens_before)
+        if report.outcome not in ("refused", "nothing-to-fold"):
+            self._fruitless_at = None  # folded, or lost its race to a fold that landed
+        else:
+            self._fruitless_at = self._fold_revision()
+            log.info("session %s: an inline fold for a request of about %d tokens (limit %d) "
+                     "changed nothing (%s); requests go out shrunk by the guard until a fold "
+                     "lands", self._session.session_id, guarded.tokens_before,
+                     guarded.limit_tokens, report.detail or report.outcome)
+
+    def _fruitless(self) -> bool:
+        """Whether this handle's last inline fold changed nothing and no fold has landed
+        since (asked only for a request the guard shrinks)."""
+        return self._fruitless_at is not None and self._fruitless_at == self._fold_revision()
+
+    def _fold_revision(self) -> int:
+        return self._session.store.get_session(self._session.session_id).fold_revision
 
     @staticmethod
     def _render(window: Window, guarded: GuardResult | None, plan: CallPlan) -> WindowView:
@@ -91,18 +140,19 @@ class RequestGuard:
                                    tool_tokens=plan.extra_tokens)
 
     def _guard(self, window: Window, plan: CallPlan, last_stage: GuardStage) -> GuardResult:
-        """Run the pre-send guard on ``window`` and count what it did."""
-        result = guard_window(window.items, plan.policy, plan.calibration,
-                              system_tokens=plan.system_tokens, extra_tokens=plan.extra_tokens,
-                              counter=self._session.store.counter, originals=self._original,
-                              last_stage=last_stage, recall=plan.recall)
-        if result.outcome == "guarded":
-            self.guarded_requests += 1
-            metrics().record_guard("guarded")
-            log.debug("session %s: guarded request at revision %d, %d -> %d tokens (limit %d; "
-                      "%s)", self._session.session_id, window.revision, result.tokens_before,
-                      result.tokens_after, result.limit_tokens, ", ".join(result.layers))
-        return result
+        """Run the pre-send guard on ``window``."""
+        return guard_window(window.items, plan.policy, plan.calibration,
+                            system_tokens=plan.system_tokens, extra_tokens=plan.extra_tokens,
+                            counter=self._session.store.counter, originals=self._original,
+                            last_stage=last_stage, recall=plan.recall)
+
+    def _shrunk(self, result: GuardResult, revision: int) -> None:
+        """Count a request that goes out shrunk by the guard."""
+        self.guarded_requests += 1
+        metrics().record_guard("guarded")
+        log.debug("session %s: guarded request at revision %d, %d -> %d tokens (limit %d; %s)",
+                  self._session.session_id, revision, result.tokens_before,
+                  result.tokens_after, result.limit_tokens, ", ".join(result.layers))
 
     def _sent_over(self, result: GuardResult, plan: CallPlan) -> None:
         """Count (and log once) a request sent over the budget under ``over_budget="send"``."""

@@ -25,19 +25,20 @@ What each part promises:
 - **The budget is a hard cap** (:mod:`sessionfold.core.guard`, :mod:`.request_guard`): before
   each request of ``call()`` (its recall rounds, its retry after an overflow, and the SDK
   wrappers' requests, which go through the same loop) the handle estimates the request with the
-  session's calibration. Past the budget less the policy's ``guard_margin_ratio``, the best
-  shrink of the outgoing request alone goes out: the cheap layers (clip, drop recall exchanges,
-  mask old tool output, drop thinking), then, if still over, the user messages inside the
-  protected turns clipped (the newest last). Deterministic, so the same window is sent as the
-  same bytes again; the stored window is left alone (no claim, no commit: it never races a
-  background fold). If that is still over, the handle folds inline (trigger ``overflow``,
-  counted in :attr:`SessionHandle.cap_folds`) through the workers' commit path and guards again,
-  leaving the older history out of the request as a last step; a request still over after that
-  is one message (or the system prompt) that cannot fit, and :class:`BudgetExceededError` says
-  which, before anything is sent. That is ``over_budget="cap"``, the default. ``"send"`` sends
-  the best shrink even when it is over (counted in :attr:`SessionHandle.guard_over_budget`,
-  logged once); ``"fold"`` also folds inline before the request whenever the stored window is
-  past the budget. Paused sessions are guarded too; ``FoldPolicy(guard=False)`` opts out (and so
+  session's calibration. Past the budget less the policy's ``guard_margin_ratio`` the
+  background fold is late, and under ``over_budget="cap"`` (the default) the handle folds
+  inline (trigger ``overflow``, counted in :attr:`SessionHandle.cap_folds`) through the workers'
+  commit path, then guards the folded window: what is still over is shrunk on the request
+  alone, by the cheap layers (clip, drop recall exchanges, mask old tool output, drop
+  thinking), then the user messages inside the protected turns clipped (the newest last), then
+  the older history left out; a request still over after that is one message (or the system
+  prompt) that cannot fit, and :class:`BudgetExceededError` says which, before anything is
+  sent. The guard is deterministic, so the same window is sent as the same bytes again.
+  ``"shrink"`` sends the request-only shrink whenever it fits (no summarizer call on the
+  agent's path; folding inline only when it does not fit); ``"send"`` sends the best shrink
+  even when it is over (counted in :attr:`SessionHandle.guard_over_budget`, logged once);
+  ``"fold"`` also folds inline before the request whenever the stored window is past the
+  budget. Paused sessions are guarded too; ``FoldPolicy(guard=False)`` opts out (and so
   sends over). A guarded request's usage is reported as the stored window's (the provider's
   count plus what the guard left out), so the scheduler and the calibration still see the
   session's true size and the background fold comes.

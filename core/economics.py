@@ -64,8 +64,12 @@ MIN_HORIZON_CALLS = 8
 #: The share of its age a session is expected to live on, for pricing a fold. A session that
 #: has lived n calls lives about n more as often as not (the median), but a fold priced on the
 #: median loses money on every session that ends sooner; priced on a share q of it, the fold
-#: pays back before the session ends with probability about 1/(1 + q) under that prior.
-HORIZON_SHARE = 0.5
+#: pays back before the session ends with probability about 1/(1 + q) under that prior: 0.33,
+#: three times in four. B1 short task sessions (14), sessionfold-sim at 16k/32k/64k: sessions
+#: above their own no-compaction cost 3/2/4 at q = 0.5, 2/0/2 at 0.33, 2/0/4 at 0.25 (the
+#: totals 0.769/0.856/0.913, 0.763/0.844/0.911, 0.763/0.847/0.947); four standing days at
+#: 16k/32k 0.287/0.322 at 0.5, 0.283/0.318 at 0.33.
+HORIZON_SHARE = 0.33
 
 
 def nothing_to_price(window_tokens: float) -> dict[str, object]:

@@ -124,8 +124,10 @@ def test_inline_fold_wins_over_a_background_fold_in_flight(
         started(request, worker_process(worker_settings, tmp_path / "worker.log"))
         with connect(make_settings(database_url=database)) as client:
             # Past its trigger (the background job has a fold to make), with a budget the
-            # guard's cheap layers meet and the stand-in's 12k window still refuses.
+            # guard's cheap layers meet and the stand-in's 12k window still refuses; the
+            # handle shrinks requests on their own, so the overflow is what folds inline.
             agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
+            agent.over_budget = "shrink"
             app = make_celery(worker_settings)
             job_id = make_enqueue(app)(SID, None, "threshold", None)
             # The background job claimed the session and is waiting on its summarizer.
@@ -145,3 +147,35 @@ def test_inline_fold_wins_over_a_background_fold_in_flight(
             assert [e.message for e in agent.ledger()] == conversation
             wait_until(lambda: client.store.get_session(SID).claimed_by is None,
                        timeout_s=30, what="the claim to be released")
+
+
+def test_the_cap_folds_a_late_window_inline_and_the_background_fold_in_flight_goes_stale(
+        make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
+        tmp_path: Path, conversation: list[Message]) -> None:
+    """A background fold held on its summarizer is late: the next request is past the guard's
+    line, and the default ``over_budget="cap"`` folds inline (its claim wins) instead of
+    sending a shrink of the request alone; the late fold then loses its compare-and-set."""
+    database = postgres_url(request)
+    summarizer_api = FakeProvider()
+    summarizer_api.hold()
+    with summarizer_api.serve() as server:
+        worker_settings = make_settings(database_url=database, summarizer="anthropic",
+                                        anthropic_api_key="sk-fake",
+                                        anthropic_base_url=server.base_url, metrics_port=0)
+        started(request, worker_process(worker_settings, tmp_path / "worker.log"))
+        with connect(make_settings(database_url=database)) as client:
+            agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
+            app = make_celery(worker_settings)
+            job_id = make_enqueue(app)(SID, None, "threshold", None)
+            assert summarizer_api.wait_for_calls(1, timeout_s=120)
+            provider = FakeProvider()
+            agent.call(provider)
+            assert provider.stats.by_status == {200: 1}
+            assert agent.cap_folds == 1 and agent.guarded_requests == 0
+            assert agent.last_fold is not None and agent.last_fold.outcome == "folded"
+            summarizer_api.release()
+            result = app.AsyncResult(job_id).get(timeout=120)
+            app.close()
+            assert result["outcome"] == "stale"
+            assert {s.job_id for s in client.store.spans(SID)} == {agent.last_fold.job_id}
+            assert [e.message for e in agent.ledger()] == conversation

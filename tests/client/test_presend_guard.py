@@ -1,6 +1,7 @@
 """The pre-send guard: through the real client, against the stand-in model (which keeps the
-requests it got), on SQLite and PostgreSQL. A request past the budget goes out under it, the
-same bytes when sent again, and the stored window is left as it was."""
+requests it got), on SQLite and PostgreSQL. Under ``over_budget="shrink"`` a request past the
+budget goes out under it, the same bytes when sent again, and the stored window is left as it
+was; under ``"cap"`` (the default) the session is folded inline first, once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ import pytest
 from pipeline_harness import postgres_url
 from prometheus_client import REGISTRY
 from sessionfold.cli.standin.fakeprovider import FakeProvider
-from sessionfold.client import AsyncClient, Client, SessionAnthropic, SessionHandle, connect
+from sessionfold.client import (
+    AsyncClient,
+    Client,
+    OverBudget,
+    SessionAnthropic,
+    SessionHandle,
+    connect,
+)
 from sessionfold.core.errors import BudgetExceededError, InvalidPolicyError
 from sessionfold.core.layers import MASK_TAG
 from sessionfold.core.messages import parse_message
@@ -62,9 +70,10 @@ def tool_step(n: int, lines: int = 150) -> list[dict[str, Any]]:
 
 
 def grown(client: Client, policy: FoldPolicy = POLICY, steps: int = 8,
-          lines: int = 150) -> SessionHandle:
-    """A session about twice its budget (no pipeline runs here: no fold brings it down)."""
-    agent = client.session(SID, policy=policy, system=SYSTEM)
+          lines: int = 150, over_budget: OverBudget = "shrink") -> SessionHandle:
+    """A session about twice its budget (no pipeline runs here: no background fold brings it
+    down); its handle shrinks requests on their own unless ``over_budget`` says otherwise."""
+    agent = client.session(SID, policy=policy, system=SYSTEM, over_budget=over_budget)
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the rounding bug."}]
     for n in range(steps):
         history += tool_step(n, lines)
@@ -184,9 +193,9 @@ def test_protected_turns_over_the_budget_are_clipped_inside_so_the_request_fits(
 
 
 def long_thoughts(client: Client, policy: FoldPolicy, *, history: int,
-                  words: int = 250) -> SessionHandle:
+                  words: int = 250, over_budget: OverBudget = "shrink") -> SessionHandle:
     """A session whose history is the model's own long thoughts (nothing to mask or clip)."""
-    agent = client.session(SID, policy=policy, system=SYSTEM)
+    agent = client.session(SID, policy=policy, system=SYSTEM, over_budget=over_budget)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the rounding bug."}]
     for n in range(history):
         step = tool_step(n, lines=3)
@@ -328,7 +337,7 @@ def test_the_async_handle_sends_the_guarded_window(client: Client,
     grown(client)
 
     async def run() -> int:
-        handle = await AsyncClient(client).session(SID)
+        handle = await AsyncClient(client).session(SID, over_budget="shrink")
 
         async def fn(system: str, messages: list[dict[str, Any]],
                      tools: list[dict[str, Any]]) -> Any:
@@ -346,3 +355,54 @@ def test_the_margin_is_validated_like_the_other_fields() -> None:
     assert FoldPolicy(budget_tokens=10_000, guard_margin_ratio=0).guard_tokens == 10_000
     with pytest.raises(InvalidPolicyError, match="guard_margin_ratio"):
         FoldPolicy(budget_tokens=10_000, guard_margin_ratio=0.9)
+
+
+# --- over_budget="cap": a request past the line means the background fold is late ----------------
+
+def test_the_default_cap_folds_a_late_window_inline_once_and_sends_it_whole(
+        client: Client, provider: FakeProvider) -> None:
+    agent = grown(client, over_budget="cap")
+    counted = guard_count("folded-inline")
+    agent.call(ask(provider))
+    agent.call(ask(provider))  # nothing appended between: no second fold, the same bytes
+    first, again = provider.requests[-2], provider.requests[-1]
+    assert estimate(first) <= POLICY.guard_tokens
+    assert json.dumps(first) == json.dumps(again)
+    assert agent.cap_folds == 1 == agent.inline_folds and agent.guarded_requests == 0
+    assert guard_count("folded-inline") == counted + 1
+    (record,) = agent.store.records(SID)
+    assert record.trigger == "overflow" and record.outcome == "folded"
+    # What went out is the stored (folded) window itself, not a shrink of the request.
+    assert first["messages"] == agent.window(recall=True).messages
+
+
+def test_a_shrink_handle_sends_the_guarded_request_and_folds_nothing(
+        client: Client, provider: FakeProvider) -> None:
+    agent = grown(client, over_budget="shrink")
+    agent.call(ask(provider))
+    assert agent.guarded_requests == 1 and agent.cap_folds == 0 == agent.inline_folds
+    assert agent.store.records(SID) == []
+
+
+def test_an_inline_fold_that_changes_nothing_is_not_tried_again_until_a_fold_lands(
+        client: Client, provider: FakeProvider) -> None:
+    # keep_recent_turns covers the whole history: nothing can fold, only be masked on a
+    # request of its own.
+    policy = FoldPolicy(budget_tokens=8000, keep_recent_turns=12)
+    agent = grown(client, policy, over_budget="cap")
+    agent.call(ask(provider))
+    agent.call(ask(provider))
+    agent.call(ask(provider))
+    assert agent.cap_folds == 1  # once, not once a call
+    assert [r.outcome for r in agent.store.records(SID)] == ["nothing-to-fold"]
+    assert agent.guarded_requests == 3
+    assert estimate(provider.requests[-1]) <= policy.guard_tokens
+    # A fold lands (a manual one with a policy that lets it, as a worker's would): the next
+    # request past the line may fold inline again.
+    agent.store.set_policy(SID, POLICY)
+    assert agent.fold_inline(trigger="manual").outcome == "folded"
+    agent.append([m for n in range(40, 45) for m in tool_step(n)])
+    agent.call(ask(provider))
+    assert agent.cap_folds == 2
+    assert [r.outcome for r in agent.store.records(SID)] == ["nothing-to-fold", "folded",
+                                                            "folded"]
