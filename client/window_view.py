@@ -33,7 +33,7 @@ from typing import Any
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.messages import Conversation, Message
 from sessionfold.core.openai_write import to_openai
-from sessionfold.core.recall_hints import as_sent
+from sessionfold.core.recall_hints import as_sent, out_of_sight
 from sessionfold.core.window import WindowItem
 from sessionfold.store import Window
 
@@ -77,14 +77,9 @@ class WindowView:
 
     @property
     def edited(self) -> bool:
-        """Whether the request holds an item sessionfold edited out of sight (a mask stub,
-        dropped thinking, a summary or notice, a recall exchange or the line a dropped one
-        leaves): something only the recall tool gives back. A clip alone does not count: its
-        head and tail stay in the window, and offering the tool for it alone would rewrite the
-        whole cached prefix (tools lead it) of a session that may never fold (B1: a ten-call
-        customer-service session paid a third more for one clipped look-up)."""
-        return any(item.kind != "message" or set(item.edits) - {"clipped"}
-                   for item in self.items)
+        """Whether the request holds an item sessionfold edited out of sight: something only
+        the recall tool gives back (:func:`~sessionfold.core.recall_hints.out_of_sight`)."""
+        return out_of_sight(self.items)
 
     @property
     def tokens(self) -> int:

@@ -18,8 +18,10 @@ reached is what goes out:
    cache from an early item to the end, while the cut at the protected recent turns moves only
    as turns leave them, near the end of the request;
 2. ``clip-protected``: the user messages inside the protected turns clipped (their head and tail
-   kept, the ledger seq named), oldest first, then the task, the newest message last, each only
-   as far as the request still needs; and only if that is not enough, the model's own replies
+   kept, the ledger seq named), oldest first, then the task, the newest message last, each to
+   the largest size of a fixed ladder (the policy's per-item cap, its half, its quarter...)
+   that the request needs, so the clip stays put while the window grows; and only if that is
+   not enough, the model's own replies
    there (their text and tool-call inputs: a model that wrote a 200 k-character thought), on
    this request alone;
 3. ``drop-history`` (asked for only after an inline fold could not help): what is left of the
@@ -224,10 +226,27 @@ def _steady_keep(items: Sequence[WindowItem], keep: int) -> int:
     return keep + (turns - keep) % keep
 
 
+def stable_cap(room: int, ceiling: int) -> int:
+    """The size a protected message is clipped to when ``room`` tokens are left for it: the
+    largest of ``ceiling`` (the policy's per-item cap), its half, its quarter... that fits,
+    never under :data:`MIN_CLIP_TOKENS`.
+
+    A clip sized to exactly what the request needs moves with every call while the window
+    grows: each call's request differs from the last from that message on, and the cache is
+    written again from there (B1: a 54k-token reply in the protected turns of a 64k session,
+    clipped anew on five calls in a row, 55k tokens written each time). A size from a fixed
+    ladder stays put until the window has grown past a whole step."""
+    cap = max(MIN_CLIP_TOKENS, ceiling)
+    while cap > room and cap > MIN_CLIP_TOKENS:
+        cap = max(MIN_CLIP_TOKENS, cap // 2)
+    return cap
+
+
 def _clip_protected(request: _Request, policy: FoldPolicy, limit: int,
                     originals: Originals | None) -> list[str]:
     """Stage 2: clip the user messages inside the protected turns, oldest first, then the
-    task, the newest message last; each only as far as the request still needs."""
+    task, the newest message last; each to the largest size of a fixed ladder that gets the
+    request under (:func:`stable_cap`), so the clip stays put over the calls that follow."""
     items = request.items
     turns = group_turns(items)
     protection = protect(items, policy, turns=turns)
@@ -251,7 +270,7 @@ def _clip_protected(request: _Request, policy: FoldPolicy, limit: int,
             if item.kind != "message" or item.message.role != role:
                 continue
             size = request.item_tokens(item)
-            cap = max(MIN_CLIP_TOKENS, size - math.ceil(need / request.slope))
+            cap = stable_cap(size - math.ceil(need / request.slope), policy.max_item_tokens)
             if cap >= size:
                 continue
             if role == "assistant":

@@ -28,6 +28,7 @@ from .layers import (
     mask_tool_results,
 )
 from .policy import FoldPolicy
+from .recall_hints import out_of_sight
 from .replacements import RETENTION_LATCH, Replacements
 from .sizes import Sizes
 from .summarizers import Summarizer
@@ -215,7 +216,14 @@ class Planner(Replacements):
 
     def head_tokens(self) -> int:
         """The stable head: the window before the first item a fold may change (system prompt,
-        tools and the protected task), still read from the cache after the fold."""
+        tools and the protected task), still read from the cache after the fold. None of it
+        when the fold is what brings the recall tool onto the requests: the tools lead the
+        prompt, so the first request after it is written whole (B1: a ten-call
+        customer-service session whose one output a cheap fold masked paid 1.26x of no
+        compaction, priced as if its system prompt and task stayed cached)."""
+        if self.policy.recall_offer == "edited" and self.policy.recall and not out_of_sight(
+                self.items):
+            return 0
         positions = self.unprotected_positions()
         first = positions[0] if positions else len(self.items)
         tail = sum(self.sizes.tokens(i) for i in self.items[first:])

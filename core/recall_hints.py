@@ -10,21 +10,39 @@ may print a mask stub or a clip line, and those are its words.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from .clip import CLIP_TAG, TEXT_CLIP_TAG
 from .evolve import evolve
 from .frame import hinted_frame, recall_hint
 from .layers import MASK_TAG, recall_dropped_message
 from .messages import Block, Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from .policy import FoldPolicy
 from .window import WindowItem
 
-__all__ = ["as_sent", "hinted_stubs"]
+__all__ = ["as_sent", "hinted_stubs", "offers_recall_tool", "out_of_sight"]
 
 _MASK_STUB = re.compile(re.escape(MASK_TAG) + r" to save context(?:: [^\n\];]*)?; "
                         r"ledger #(?P<seq>[0-9]+) holds it whole(?P<end>\.\])")
 _SEAM = re.compile(r"^(?:" + re.escape(CLIP_TAG) + "|" + re.escape(TEXT_CLIP_TAG) + r") "
                    r"[^\n]*; ledger #(?P<seq>[0-9]+) holds the whole (?:output|message)"
                    r"(?P<end>\.\])$", re.MULTILINE)
+
+
+def out_of_sight(items: Sequence[WindowItem]) -> bool:
+    """Whether ``items`` hold something sessionfold edited out of sight (a mask stub, dropped
+    thinking, a summary or notice, a recall exchange or the line a dropped one leaves):
+    something only the recall tool gives back. A clip alone does not count: its head and tail
+    stay in the window, and offering the tool for it alone would rewrite the whole cached prefix
+    (tools lead it) of a session that may never fold (B1: a ten-call customer-service session
+    paid a third more for one clipped look-up)."""
+    return any(item.kind != "message" or set(item.edits) - {"clipped"} for item in items)
+
+
+def offers_recall_tool(policy: FoldPolicy, items: Sequence[WindowItem]) -> bool:
+    """Whether a request of ``items`` carries the recall tool under ``policy``: recall on, and
+    offered always or once something is out of sight (``recall_offer="edited"``)."""
+    return policy.recall and (policy.recall_offer == "always" or out_of_sight(items))
 
 
 def _hint_mask(content: str, seq: int) -> str:

@@ -414,3 +414,59 @@ def test_a_refusal_for_cost_changes_nothing_and_a_window_past_the_budget_is_neve
         assert result.record.economics is not None and not result.record.economics["fold"]
     if pol.over_budget(result.record.measured_tokens):
         assert not refused
+
+
+def _planner(items: Sequence[WindowItem], pol: FoldPolicy) -> Planner:
+    from sessionfold.core.sizes import Sizes
+    from sessionfold.core.turns import protect
+    total = float(sum(COUNTER.message(i.message) for i in items))
+    planner = Planner(items=list(items), policy=pol, summarizer=None, sizes=Sizes(COUNTER),
+                      target=0, slope=1.0, current=total, force=False, pinned=(), latched=())
+    planner.protection = protect(planner.items, pol, turns=planner.turns())
+    return planner
+
+
+def test_a_fold_that_brings_the_recall_tool_prices_the_whole_prompt_as_rewritten() -> None:
+    # Nothing is out of sight yet: the first stub or summary brings the recall tool, and the
+    # tools lead the prompt, so no part of the window stays cached across that fold.
+    pol = policy(SUMMARIZE)
+    assert _planner(ITEMS, pol).head_tokens() == 0
+    # Recall off, or the tool offered from the first request: the task and system stay cached.
+    assert _planner(ITEMS, policy(SUMMARIZE, recall=False)).head_tokens() > 0
+    assert _planner(ITEMS, policy(SUMMARIZE, recall_offer="always")).head_tokens() > 0
+    # Once something is out of sight the tool already rides on every request.
+    folded = visit(ITEMS, pol, force=True, economics=None)
+    assert folded.record.outcome == "folded"
+    assert _planner(folded.window, pol).head_tokens() > 0
+
+
+def test_a_cheap_fold_of_a_short_session_without_recall_yet_is_refused_as_not_paying() -> None:
+    """A customer-service session (a long system prompt of rules) with one large output:
+    masking it would rewrite the whole prompt, system included (the recall tool comes with the
+    stub), to save a few reads over the calls it has left; priced so, it does not pay."""
+    system = " ".join(f"rule{n}: never change a basic-economy flight {n}." for n in range(150))
+    big = "\n".join(f"flight HAT{n:03d} 2024-05-{n % 28 + 1:02d} seats {n}" for n in range(120))
+    msgs = [Message(role="user", content="Change the flight of reservation ZFA04Y.")]
+    for n in range(1, 6):
+        msgs += [
+            parse_message({"role": "assistant", "content": [
+                {"type": "text", "text": f"Looking up step {n}."},
+                {"type": "tool_use", "id": f"t{n}", "name": "search", "input": {"n": n}}]}),
+            parse_message({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"t{n}",
+                 "content": big if n == 2 else f"result {n}"}]}),
+        ]
+
+    def priced(pol: FoldPolicy) -> FoldResult:
+        return fold_window(items_from_messages(msgs), FoldVisit(
+            pol, None, system=system, counter=COUNTER, trigger="threshold", trigger_tokens=2000,
+            economics=FoldEconomics(PRICING, remaining_calls=8)))
+
+    pol = FoldPolicy(budget_tokens=16_000, layers=MASK_ONLY, keep_recent_turns=2)
+    result = priced(pol)
+    assert result.record.outcome == "refused", result.record.economics
+    assert result.record.economics and result.record.economics["why"] == "would-not-pay"
+    # With the tool on every request already (recall_offer="always") the system prompt and
+    # the task stay cached across the same mask, and it pays.
+    result = priced(pol.model_copy(update={"recall_offer": "always"}))
+    assert result.record.outcome == "folded", result.record.economics

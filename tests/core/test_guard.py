@@ -136,3 +136,20 @@ def test_the_cut_stays_put_while_turns_leave_the_kept_ones() -> None:
     extended = sum(later[:len(earlier)] == earlier for earlier, later in pairwise(shrunk))
     # The plain cut (the last four turns kept) moves on every call: never an extension.
     assert extended >= len(shrunk) // 2
+
+
+def test_a_clipped_reply_stays_the_same_bytes_while_the_window_grows() -> None:
+    # A reply of ~40k tokens in the protected turns of a 64k session (one agent wrote a
+    # 200k-character answer): every request after it must carry it clipped, and the clip must
+    # not move with each call, or each call writes the cache again from that reply on.
+    thought = "THOUGHT: " + " ".join(f"consider option_{k} of the estimator" for k in range(8000))
+    policy = FoldPolicy(budget_tokens=64_000, keep_recent_turns=4)
+    steps = [step(0), step(1, thought=thought)]
+    sent = []
+    for n in range(2, 5):  # while the reply is inside the four protected turns
+        steps.append(step(n, lines=150))  # the window grows by ~2k tokens a call
+        result = guard(window(*steps), policy)
+        assert result.outcome == "guarded" and result.tokens_after <= policy.guard_tokens
+        sent.append(result.items[3])  # the reply of step 1, as each request carries it
+    assert all(item == sent[0] for item in sent), "the clip moved"
+    assert size([sent[0]]) <= policy.max_item_tokens
