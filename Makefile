@@ -3,7 +3,8 @@
 #   make demo   create .venv if needed, then run `sessionfold demo`: the whole pipeline on the
 #               embedded defaults (Redis, SQLite, scheduler, two workers, Flower, metrics) with a
 #               fleet of scripted standing agents, ending with a report and sessionfold-demo.png
-#   make test   create .venv if needed, then ruff, mypy --strict and pytest
+#   make test   create .venv if needed, then ruff, mypy --strict, the TypeScript package
+#               (clients/typescript: npm ci, tsc, node --test; Node 18+) and pytest
 #
 # The virtualenv is (re)installed only when pyproject.toml is newer than its stamp, so both
 # targets are cheap once it exists. PYTHON picks the interpreter that creates it (3.11+).
@@ -16,7 +17,7 @@ EXAMPLE := cli/examples/ops-incident-acct-8842.json
 PYTEST_ARGS ?=
 NEED_311 := import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 
-.PHONY: demo compact-example test lint typecheck pytest bench clean-venv
+.PHONY: demo compact-example test lint typecheck typescript pytest bench clean-venv
 
 DEMO_ARGS ?=
 
@@ -27,7 +28,7 @@ demo: $(STAMP)
 compact-example: $(STAMP)
 	$(BIN)/sessionfold compact $(EXAMPLE) --report
 
-test: lint typecheck pytest
+test: lint typecheck typescript pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -36,6 +37,11 @@ lint: $(STAMP)
 # .service, .cli).
 typecheck: $(STAMP)
 	PYTHON=$(BIN)/python bash tools/typecheck.sh
+
+# The TypeScript package, installed from its lockfile, built, and tested against a real
+# `sessionfold serve` and `sessionfold standin` of this virtualenv (each test file starts its own).
+typescript: $(STAMP)
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -41,6 +41,7 @@ from sessionfold.core.messages import (
     parse_message,
     parse_messages,
 )
+from sessionfold.store import AppendResult
 
 from .recall_round import reply_content
 from .session import SessionHandle
@@ -211,17 +212,19 @@ def _id_of(reply: Any) -> str | None:
     return value if isinstance(value, str) and 0 < len(value) <= 180 else None
 
 
-def record_reply(handle: SessionHandle, reply: Any, response: Any) -> None:
-    """Append the reply (the SDK's object or its JSON) to the ledger, once per reply id.
+def record_reply(handle: SessionHandle, reply: Any, response: Any) -> AppendResult | None:
+    """Append the reply (the SDK's object or its JSON) to the ledger, once per reply id; the
+    append's result (None: a reply with no content, nothing appended).
 
     Called once its usage has been reported. Whatever fails here, the caller must still get
     what it paid for: :class:`ReplyNotRecordedError` carrying ``response`` (the reply as the
     caller would have got it)."""
     try:
         rows = _reply_message(reply_content(reply))
-        if rows:
-            reply_id = _id_of(reply)
-            handle.append(rows, key=f"sdk-reply-{reply_id}" if reply_id else None)
+        if not rows:
+            return None
+        reply_id = _id_of(reply)
+        return handle.append(rows, key=f"sdk-reply-{reply_id}" if reply_id else None)
     except Exception as exc:
         raise ReplyNotRecordedError(handle.session_id, response, exc) from exc
 

@@ -36,7 +36,7 @@ from .stream_rounds import Opened, drain, open_rounds
 if TYPE_CHECKING:
     import openai
 
-__all__ = ["SessionChatStream", "SessionOpenAI"]
+__all__ = ["SessionChatStream", "SessionOpenAI", "assistant_blocks"]
 
 
 def _openai_history(messages: Any) -> list[Any]:
@@ -64,9 +64,10 @@ def _chat_params(kwargs: Mapping[str, Any], system: str, window: list[dict[str, 
     return params
 
 
-def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+def assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """An OpenAI assistant message as the Anthropic blocks the ledger holds (the same
-    conversion the caller's copy of it goes through on the next call: a refusal included)."""
+    conversion the caller's copy of it goes through on the next call: a refusal included);
+    the HTTP API records a chat completion's reply with it too."""
     if not any(message.get(name) for name in ("content", "tool_calls", "refusal")):
         return []
     converted = from_openai([message]).messages
@@ -102,7 +103,7 @@ class _ChatReply:
     def made(cls, completion: Any, reply_id: str | None, model: str | None, usage: Any,
              message: Mapping[str, Any]) -> _ChatReply:
         try:
-            return cls(completion, reply_id, model, usage, _assistant_blocks(message))
+            return cls(completion, reply_id, model, usage, assistant_blocks(message))
         except InvalidMessageError as exc:
             return cls(completion, reply_id, model, usage, [], exc)
 

@@ -169,6 +169,9 @@ class SessionHandle:
         #: extra model calls call() made to answer them (one per round).
         self.recall_calls = 0
         self.recall_rounds = 0
+        #: The answers of the latest recall this handle made (a round, a helper call), in
+        #: order: what the HTTP API reports of a step (kept short: only the latest).
+        self.last_recall: list[RecallAnswer] = []
         self._told_recall_off = False
         #: Nudges published after appends.
         self.nudges = 0
@@ -381,6 +384,7 @@ class SessionHandle:
 
     def _count_recall(self, answers: Sequence[RecallAnswer]) -> None:
         self.recall_calls += len(answers)
+        self.last_recall = list(answers)
         counter = metrics()
         for result in answers:
             counter.record_recall(result.kind, result.outcome)

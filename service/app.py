@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
-from . import admin, ops, routes
+from . import admin, calls, ops, routes
 from .auth import KeyChecker
 from .boundary import BoundaryMiddleware, Limits
 from .encoded import EncodedWindows
@@ -99,6 +99,7 @@ def create_app(settings: Settings, *, client: Client | None = None) -> FastAPI:
     app.add_middleware(BoundaryMiddleware, limits=Limits.from_settings(settings))
     app.add_middleware(MetricsMiddleware)  # added last, so outermost: refusals are counted
     app.include_router(routes.router)
+    app.include_router(calls.router)
     app.include_router(admin.router)
     app.include_router(ops.router)
     _install_error_handlers(app)

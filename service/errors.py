@@ -9,7 +9,9 @@ Every error body is ``{"error": {"type": ..., "reason": ..., "message": ...}}``:
   ``invalid-message``, ``session-not-found``, ``stale``, ``store-unavailable``...), or the API's
   own (``unauthorized``, ``admin-only``, ``session-exists``, ``invalid-request``);
 - ``message``: the library's message, for a person. A message error also names ``index`` and
-  ``field`` (which message of the request, where in it), a usage error ``field``.
+  ``field`` (which message of the request, where in it), a usage error ``field``, a request
+  the hard cap refuses (``budget-exceeded``) the ``seq`` of the message that cannot fit (none:
+  the system prompt), its ``tokens`` and the ``budget_tokens``.
 
 The library's errors are mapped here, in one table (:data:`LIBRARY_ERRORS`, most specific
 class first). An answer of 5xx says nothing of what failed inside (no traceback, SQL, driver
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionfold.core.errors import (
+    BudgetExceededError,
     ContextOverflowError,
     DiscardedOriginalsError,
     InvalidInputError,
@@ -82,6 +85,9 @@ LIBRARY_ERRORS: tuple[tuple[type[SessionfoldError], ErrorSpec], ...] = (
     (RedisUnavailableError, ErrorSpec(503, "unavailable", "redis-unavailable")),
     (SummarizerError, ErrorSpec(502, "unavailable", "summarizer-failed")),
     (ContextOverflowError, ErrorSpec(400, "invalid_request", "context-overflow")),
+    # The request is well formed, but the session's window cannot be sent within its budget:
+    # one message (``seq``) or the system prompt cannot fit, whatever the guard shrinks.
+    (BudgetExceededError, ErrorSpec(422, "invalid_request", "budget-exceeded")),
 )
 INTERNAL = ErrorSpec(500, "internal", "internal")
 
@@ -160,4 +166,7 @@ def error_answer(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str
         return spec.status, error_body(spec, message, index=exc.index, field=exc.field), headers
     if isinstance(exc, InvalidUsageError):
         return spec.status, error_body(spec, message, field=exc.field), headers
+    if isinstance(exc, BudgetExceededError):
+        return spec.status, error_body(spec, message, seq=exc.seq, tokens=exc.tokens,
+                                       budget_tokens=exc.budget_tokens), headers
     return spec.status, error_body(spec, message), headers

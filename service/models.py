@@ -15,19 +15,24 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic_core
+from annotated_types import Interval
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     TypeAdapter,
     ValidationError,
     WithJsonSchema,
+    model_validator,
 )
+from sessionfold.client.call_plan import OVER_BUDGET_CHOICES, OverBudget
 from sessionfold.client.recall import RecallKind, RecallOutcome
 from sessionfold.client.shapes import Shape, WindowShape
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.usage import MAX_REPORTED_TOKENS
 from sessionfold.store import SessionInfo
 from sessionfold.store.ledger import MAX_APPEND_MESSAGES
 from sessionfold.store.notify import WindowState
@@ -39,23 +44,33 @@ from .schemas import (
     USAGE_SCHEMA,
     append_messages_schema,
     recall_schema,
+    reply_body_schema,
 )
 from .tenancy import SESSION_ID_PATTERN, split_store_id
 
 __all__ = [
     "AppendIn",
     "AppendOut",
+    "CallIn",
+    "CallState",
+    "CallStep",
     "DeadLetterOut",
     "DeadLettersOut",
     "ErrorOut",
     "FoldOut",
+    "GuardOut",
+    "GuardedRequest",
     "HealthOut",
     "KeyOut",
     "KeysOut",
     "LedgerEntryOut",
     "LedgerOut",
+    "ProviderErrorIn",
+    "RecallAnswerOut",
     "RecallIn",
     "RecallOut",
+    "RecallToolDefinition",
+    "ReplyIn",
     "SessionIn",
     "SessionListOut",
     "SessionOut",
@@ -131,6 +146,12 @@ class ErrorDetail(_Out):
     index: int | None = Field(default=None, description="which message of the request")
     field: str | None = Field(default=None, description="where in that message (or in the "
                               "usage report: usage.input_tokens)")
+    seq: int | None = Field(default=None, description="with budget-exceeded: the ledger seq "
+                            "of the message that cannot fit (absent: the system prompt)")
+    tokens: int | None = Field(default=None, description="with budget-exceeded: the request's "
+                               "estimate after every shrink")
+    budget_tokens: int | None = Field(default=None, description="with budget-exceeded: the "
+                                      "session's budget")
     error_id: str | None = Field(default=None, description="with a 5xx: the id the server's "
                                  "log has the failure under")
 
@@ -340,3 +361,149 @@ class DeadLetterOut(_Out):
 
 class DeadLettersOut(_Out):
     dead_letters: list[DeadLetterOut]
+
+
+# --- the call loop over HTTP: the guarded request (service/calls.py) -------------------------
+
+#: Counts of tokens in a call state, within what a usage report may hold.
+_TokenCount = Annotated[int, BeforeValidator(whole_numbers), Strict(),
+                        Interval(ge=-MAX_REPORTED_TOKENS, le=MAX_REPORTED_TOKENS)]
+
+
+class CallState(_In):
+    """The state of one model call's loop (the client's ``CallState``), as the API wrote it
+    in a guarded request: send it back as it came with the model's reply. It carries the
+    round count, so any API process can answer the reply."""
+
+    version: Literal[1] = Field(description="the state's format")
+    phase: Literal["sending"] = Field(description="a request is out, its reply awaited")
+    takes_tools: bool = True
+    over_budget: OverBudget | None = None
+    cache_breakpoints: bool = False
+    rounds: JsonInt = Field(default=0, ge=0, le=2**31,
+                            description="recall rounds answered so far in this call")
+    retried: bool = Field(default=False, description="the request out is the one retry "
+                          "after a context overflow")
+    tools: list[Annotated[str, Field(max_length=200)]] = Field(
+        default=[], max_length=16, description="the tools sessionfold offers this call")
+    revision: JsonInt = Field(default=-1, ge=-1, le=2**62, description="the window "
+                              "revision the request was built from")
+    last_seq: JsonInt = Field(default=-1, ge=-1, le=2**62)
+    unsent_tokens: JsonInt = Field(default=0, ge=-MAX_REPORTED_TOKENS, le=MAX_REPORTED_TOKENS)
+    tool_tokens: JsonInt = Field(default=0, ge=-MAX_REPORTED_TOKENS, le=MAX_REPORTED_TOKENS)
+    # (Spelled out: pydantic writes the bounds of an optional integer as unknown keywords.)
+    sent_tokens: Annotated[_TokenCount | None, WithJsonSchema({"anyOf": [
+        {"type": "integer", "minimum": -MAX_REPORTED_TOKENS, "maximum": MAX_REPORTED_TOKENS},
+        {"type": "null"}]})] = None
+
+
+class CallIn(_In):
+    shape: WindowShape = Field(default="anthropic", description="the shape of the request: "
+                               "anthropic (Messages API) or openai (chat completions)")
+    tools: bool = Field(default=True, description="the model call takes the tools sessionfold "
+                        "adds (the recall tool, once offered); false: recall is off for it")
+    over_budget: OverBudget = Field(
+        default="cap", description="a request past the budget less the guard's margin, as "
+        "SessionHandle.call's over_budget takes it (one of "
+        f"{', '.join(OVER_BUDGET_CHOICES)}): cap folds the session inline and refuses what "
+        "still cannot fit (422 budget-exceeded, nothing to send); send sends the best shrink "
+        "of the request, fitting or not; the others as SessionHandle.call does them")
+    cache_breakpoints: bool | None = Field(
+        default=None, description="mark prompt-cache breakpoints (cache_control) after the "
+        "window's stable head and its last message; null: yes in the anthropic shape (the only "
+        "one that takes them)")
+
+
+class GuardOut(_Out):
+    outcome: Literal["under", "shrunk", "folded", "over-budget"] = Field(
+        description="under: the stored window goes as it is; shrunk: the guard left some of "
+        "it out of this request (the stored window is untouched); folded: the session was "
+        "folded inline first (the hard cap, or a context overflow); over-budget: sent over "
+        "the budget because over_budget=send")
+    tokens: int = Field(description="the guard's estimate of the request in the provider's "
+                        "tokens (the session's calibration), the recall tool included, the "
+                        "caller's own tools not")
+    budget_tokens: int
+    limit_tokens: int = Field(description="the line the guard keeps under: the budget less "
+                              "the policy's guard margin")
+    unsent_tokens: int = Field(description="tokens of the stored window this request leaves "
+                               "out (its usage report adds them back)")
+    inline_folds: int = Field(description="folds made on the caller's path for this request")
+    revision: int = Field(description="the window revision the request was built from")
+    last_seq: int = Field(description="the highest ledger seq in it")
+
+
+class GuardedRequest(_Out):
+    """The request as the guard sends it: what to send the model next."""
+
+    shape: WindowShape
+    system: str = Field(description="the session's system prompt (system= of the Messages "
+                        "API; in the openai shape also the first message)")
+    messages: list[dict[str, Any]] = Field(description="the messages to send, in the shape")
+    tools: list[dict[str, Any]] = Field(description="the tools sessionfold adds, in the shape "
+                                        "(the recall tool once offered): send them beside your "
+                                        "own")
+    call: CallState = Field(description="send back with the model's reply (or its error)")
+    guard: GuardOut
+
+
+class ProviderErrorIn(_In):
+    status: JsonInt = Field(ge=100, le=599, description="the HTTP status the provider answered")
+    body: Annotated[Any, WithJsonSchema({"description": "the provider's error body as it "
+                                         "came: its JSON, or its text"})] = None
+
+
+class ReplyIn(_In):
+    """The model's reply to a guarded request (or the error it raised)."""
+
+    model_config = ConfigDict(json_schema_extra=reply_body_schema())
+
+    call: CallState = Field(description="the call state of the guarded request, as it came")
+    shape: WindowShape = Field(default="anthropic", description="the shape of the reply: "
+                               "anthropic (a Message) or openai (a ChatCompletion)")
+    reply: dict[str, Any] | None = Field(default=None, description="the provider's response "
+                                         "(its JSON); give reply or error")
+    error: ProviderErrorIn | None = Field(default=None, description="what the model call "
+                                          "raised instead; give reply or error")
+    relayed: bool = Field(default=False, description="the caller already reads this reply (a "
+                          "stream handed to its agent): it ends the call whatever it holds")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ReplyIn:
+        if (self.reply is None) == (self.error is None):
+            raise ValueError("give the model's reply or the error its call raised (one of "
+                             "reply, error)")
+        return self
+
+
+class RecallAnswerOut(_Out):
+    kind: RecallKind
+    outcome: RecallOutcome
+    tokens: int
+
+
+class CallStep(_Out):
+    """What follows a model's reply."""
+
+    next: Literal["send", "done", "raise"] = Field(
+        description="send: send request (a recall round, or the one retry after a context "
+        "overflow); done: the reply is the call's (recorded); raise: the error is not a "
+        "context overflow, raise it")
+    request: GuardedRequest | None = Field(default=None, description="with send")
+    recorded_seq: int | None = Field(default=None, description="with done: the ledger seq the "
+                                     "reply was recorded at (null: it had no content)")
+    recall: list[RecallAnswerOut] = Field(default=[], description="the recall calls answered "
+                                          "at this step, in order")
+    tool_results: list[dict[str, Any]] = Field(
+        default=[], description="with done, when the reply called the recall tool beside your "
+        "own tools: its answers in the reply's shape (tool_result blocks, or tool messages); "
+        "send them with your own results in the next message")
+
+
+class RecallToolDefinition(_Out):
+    """The recall tool's definition, in both shapes (the bytes every request carries)."""
+
+    name: str
+    version: int = Field(description="changes whenever the definition does")
+    anthropic: dict[str, Any] = Field(description="for the Messages API's tools")
+    openai: dict[str, Any] = Field(description="for chat completions' tools")

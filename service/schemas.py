@@ -29,7 +29,7 @@ from sessionfold.core.policy import (
 from sessionfold.core.usage import MAX_REPORTED_TOKENS
 
 __all__ = ["COMPONENTS", "MESSAGE_SCHEMA", "POLICY_SCHEMA", "USAGE_SCHEMA",
-           "append_messages_schema", "recall_schema"]
+           "append_messages_schema", "recall_schema", "reply_body_schema"]
 
 # --- text ------------------------------------------------------------------------------------
 
@@ -166,6 +166,13 @@ def _openai(role: str, properties: dict[str, Any], required: tuple[str, ...] = (
 
 
 _OPENAI_TEXT_FIELD = {"type": ["string", "null"]}
+_OPENAI_ASSISTANT = _openai("assistant", {
+    "content": {"anyOf": [{"type": ["string", "null"]}, {
+        "type": "array", "items": {"anyOf": [_TEXT_PART, _REFUSAL_PART]}}]},
+    "refusal": _OPENAI_TEXT_FIELD, "reasoning_content": _OPENAI_TEXT_FIELD,
+    "reasoning": _OPENAI_TEXT_FIELD,
+    "tool_calls": {"anyOf": [{"type": "null"}, {
+        "type": "array", "items": {"anyOf": [_FUNCTION_CALL, _CUSTOM_CALL]}}]}})
 OPENAI_MESSAGE = {
     "description": "a message in the OpenAI chat shape: leading system or developer messages "
                    "are the session's own system prompt (fixed at creation: sent along, never "
@@ -178,13 +185,7 @@ OPENAI_MESSAGE = {
             "type": "array", "minItems": 1,
             "items": {"anyOf": [_TEXT_PART, _IMAGE_PART, _FILE_PART]},
             "contains": _NOT_BLANK_PART}]}}, ("content",)),
-        _openai("assistant", {
-            "content": {"anyOf": [{"type": ["string", "null"]}, {
-                "type": "array", "items": {"anyOf": [_TEXT_PART, _REFUSAL_PART]}}]},
-            "refusal": _OPENAI_TEXT_FIELD, "reasoning_content": _OPENAI_TEXT_FIELD,
-            "reasoning": _OPENAI_TEXT_FIELD,
-            "tool_calls": {"anyOf": [{"type": "null"}, {
-                "type": "array", "items": {"anyOf": [_FUNCTION_CALL, _CUSTOM_CALL]}}]}}),
+        _OPENAI_ASSISTANT,
         _openai("tool", {"tool_call_id": {"type": "string", "minLength": 1},
                          "content": {"anyOf": [{"type": ["string", "null"]}, {
                              "type": "array",
@@ -205,15 +206,57 @@ _OPENAI_MARKED = {"anyOf": [
         "type": "array", "contains": {"type": "object", "required": ["type"], "properties": {
             "type": {"enum": ["image_url", "input_audio", "file", "refusal"]}}}}}},
 ]}
+# --- a model's reply (the call loop over HTTP) ------------------------------------------------
+
+#: A Messages API response as the SDK gives it (its JSON). Only ``content`` is checked: it is
+#: what the ledger records; ``usage`` is reported when it reads as one, ``id`` keys the record.
+ANTHROPIC_REPLY = {
+    "description": "a Messages API response (its JSON): its content is recorded as the "
+                   "assistant's message ([] records nothing), its usage reported, its id keys "
+                   "the record (a reply sent again is not recorded twice); other fields are "
+                   "not read",
+    "type": "object", "required": ["content"],
+    "properties": {"content": {"anyOf": [
+        _TEXT, {"type": "array", "maxItems": 0},
+        {"type": "array", "minItems": 1, "items": {"anyOf": _BLOCKS_BY_ROLE["assistant"]},
+         "contains": _NOT_BLANK_TEXT}]}}}
+#: A chat completion (its JSON): the first choice's message is the reply.
+CHAT_COMPLETION_REPLY = {
+    "description": "a chat completion (its JSON): the first choice's message is recorded "
+                   "(converted to the ledger's shape, as an append converts it), its usage "
+                   "reported, its id keys the record; other fields are not read",
+    "type": "object", "required": ["choices"],
+    "properties": {"choices": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["message"],
+        "properties": {"message": _OPENAI_ASSISTANT}}}}}
+
 #: The message schemas as the document's components (each written once, referred to by the
 #: request bodies); the app adds them to its document.
 COMPONENTS: dict[str, Any] = {"AnthropicMessage": ANTHROPIC_MESSAGE,
                               "OpenAIMessage": OPENAI_MESSAGE,
-                              "OpenAIMarkedMessage": _OPENAI_MARKED}
+                              "OpenAIMarkedMessage": _OPENAI_MARKED,
+                              "AnthropicReply": ANTHROPIC_REPLY,
+                              "ChatCompletionReply": CHAT_COMPLETION_REPLY}
 _ANTHROPIC_REF = {"$ref": "#/components/schemas/AnthropicMessage"}
 _OPENAI_REF = {"$ref": "#/components/schemas/OpenAIMessage"}
 _MARKED_REF = {"$ref": "#/components/schemas/OpenAIMarkedMessage"}
 MESSAGE_SCHEMA = {"anyOf": [_ANTHROPIC_REF, _OPENAI_REF]}
+
+
+def reply_body_schema() -> dict[str, Any]:
+    """A reply's body: ``reply`` in the shape ``shape`` names, or ``error`` (one of them)."""
+    def reply(ref: str) -> dict[str, Any]:
+        return {"properties": {"reply": {"anyOf": [{"$ref": f"#/components/schemas/{ref}"},
+                                                   {"type": "null"}]}}}
+
+    def given(name: str) -> dict[str, Any]:
+        return {"required": [name], "properties": {name: {"type": "object"}}}
+
+    return {"allOf": [
+        {"if": {"required": ["shape"], "properties": {"shape": {"const": "openai"}}},
+         "then": reply("ChatCompletionReply"), "else": reply("AnthropicReply")},
+        {"oneOf": [given("reply"), given("error")]},
+    ]}
 
 
 def append_messages_schema(max_messages: int) -> dict[str, Any]:

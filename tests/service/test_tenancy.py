@@ -10,6 +10,8 @@ from conftest import LiveApi
 from sessionfold.core.policy import FoldPolicy
 
 POLICY = {"budget_tokens": 4000}
+#: A call state as the guarded request writes it (a request out, nothing offered).
+CALL = {"version": 1, "phase": "sending", "revision": 1, "last_seq": 0}
 
 
 def every_route(http: Any, path: str, etag: str) -> dict[str, Any]:
@@ -28,6 +30,9 @@ def every_route(http: Any, path: str, etag: str) -> dict[str, Any]:
         "usage": http.post(f"{path}/usage", json={"usage": {"input_tokens": 5},
                                                   "seq": 0, "revision": 1}),
         "fold": http.post(f"{path}/fold"),
+        "call": http.post(f"{path}/call", json={}),
+        "call-reply": http.post(f"{path}/call/reply", json={"call": CALL, "reply": {
+            "content": [{"type": "text", "text": "ok"}]}}),
         "pause": http.post(f"{path}/pause"),
         "resume": http.post(f"{path}/resume"),
         "delete": http.delete(path),

@@ -1,75 +1,64 @@
-// A standing agent in TypeScript: it creates its session, then turn after turn appends the
-// user's message, reads the (already compacted) window, "calls the model" (a local stand-in
-// that answers and counts tokens the way a provider reports them), reports the usage, and
-// appends the reply. sessionfold folds the session in the background once it passes its
-// trigger; at the end the agent long-polls until that fold has landed.
+// A standing agent in TypeScript on @sessionfold/client: plain Anthropic SDK code, its loop
+// unchanged; the four lines marked "sessionfold" are all it takes. Each request goes out as
+// sessionfold's guard lets it (under the session's budget, whatever the background folds are
+// doing), and the recall tool is offered and answered without the agent knowing of it.
 //
-//   SESSIONFOLD_URL=http://127.0.0.1:8080 SESSIONFOLD_API_KEY=sfk_... node dist/agent.js
+//   SESSIONFOLD_URL=http://127.0.0.1:8080 SESSIONFOLD_API_KEY=sfk_... \
+//   ANTHROPIC_BASE_URL=http://127.0.0.1:8787 ANTHROPIC_API_KEY=standin node dist/agent.js
 //
-// Prints one JSON line with what happened; exits 0 once a fold was seen, 1 otherwise.
+// (ANTHROPIC_BASE_URL: `sessionfold standin`, the stand-in model, or leave it out for the real
+// API.) Prints one JSON line with what happened; exits 0 when the last reply called no tool.
 
-import { Sessionfold, type Message, type Window } from "./sessionfold.js";
+import Anthropic from "@anthropic-ai/sdk";
+import { type Message, SessionAnthropic, Sessionfold } from "@sessionfold/client";
 
-declare const process: { env: Record<string, string | undefined>; exitCode?: number };
+const env = process.env;
+const SYSTEM = "You reconcile refunds. Read the log page by page; cite ticket ids.";
+const TASK = "Reconcile the refunds of ACCT-8842, then give the refund authorization code.";
+const TOOLS = [{ name: "read_log", description: "Read one page of the refunds log.",
+                 input_schema: { type: "object", properties: { page: { type: "integer" } } } }];
+const MAX_STEPS = Number(env.MAX_STEPS ?? "60");
 
-const baseUrl = process.env.SESSIONFOLD_URL ?? "http://127.0.0.1:8080";
-const apiKey = process.env.SESSIONFOLD_API_KEY;
-const sessionId = process.env.SESSION_ID ?? `ts-agent-${Date.now()}`;
-const turns = Number(process.env.TURNS ?? "14");
-const foldWaitS = Number(process.env.FOLD_WAIT_S ?? "120");
-
-const SYSTEM = "You are an on-call assistant. Keep the incident timeline straight.";
-const POLICY = { budget_tokens: 2000, keep_recent_turns: 2 };
-
-/** The stand-in model: a reply, and usage counted as a provider would (about 4 characters a
- *  token, the system prompt included). */
-function standInModel(window: Window, turn: number):
-    { reply: Message; usage: Record<string, number> } {
-  const chars = SYSTEM.length + JSON.stringify(window.messages).length;
-  const text = `Step ${turn}: checked host web-${turn} (disk 71%, load 0.4); ` +
-    `next I will look at the deploy log of service-${turn} and the alert INC-${4000 + turn}.`;
-  return {
-    reply: { role: "assistant", content: [{ type: "text", text }] },
-    usage: { input_tokens: Math.ceil(chars / 4), output_tokens: Math.ceil(text.length / 4) },
-  };
+/** The agent's own tool: one page of a long log (about 2,000 tokens). */
+function readLog(page: number): string {
+  const lines = Array.from({ length: 85 }, (_, i) =>
+    `refund REF-${page}-${i} for account ACCT-8842 was settled after review by the billing team;`);
+  if (page === 1) lines.splice(40, 0, `refund authorization ${env.PLANTED ?? "RA-7731-QX"};`);
+  return `refunds.log page ${page}:\n${lines.join("\n")}`;
 }
 
-async function main(): Promise<void> {
-  if (!apiKey) throw new Error("set SESSIONFOLD_API_KEY (sessionfold keys create TENANT)");
-  const api = new Sessionfold(baseUrl, apiKey);
-  await api.createSession(sessionId, POLICY, SYSTEM);
+const sf = new Sessionfold({ baseUrl: env.SESSIONFOLD_URL ?? "http://127.0.0.1:8080",  // sessionfold
+                             apiKey: env.SESSIONFOLD_API_KEY ?? "" });
+const session = await sf.session(env.SESSION_ID ?? `ts-agent-${Date.now()}`,              // sessionfold
+                                 { policy: { budget_tokens: 16_000 }, system: SYSTEM });
+const llm = new SessionAnthropic(new Anthropic(), session);                                // sessionfold
 
-  let window = await api.window(sessionId);
-  for (let turn = 0; turn < turns; turn++) {
-    const question: Message = {
-      role: "user",
-      content: `Turn ${turn}: alert INC-${4000 + turn} fired on web-${turn}; ` +
-        `the log says "upstream timed out after 30s" ${"(repeated) ".repeat(20)}`,
-    };
-    await api.append(sessionId, [question], `turn-${turn}-user`);
-    window = await api.window(sessionId);
-    const { reply, usage } = standInModel(window, turn);
-    await api.reportUsage(sessionId, usage, window.last_seq, window.revision, "stand-in");
-    await api.append(sessionId, [reply], `turn-${turn}-assistant`);
+const history: Message[] = [{ role: "user", content: TASK }];
+let text = "";
+for (let step = 0; step < MAX_STEPS; step++) {
+  const reply = await llm.messages.create({ model: env.MODEL ?? "claude-sonnet-4-5",
+                                            max_tokens: 1024, messages: history, tools: TOOLS });
+  history.push({ role: "assistant", content: reply.content });
+  const calls = reply.content.filter((block) => block.type === "tool_use");
+  if (calls.length === 0) {
+    text = reply.content.map((block) => block.text ?? "").join("");
+    break;
   }
-
-  // Wait on the fold by long-poll: no polling loop on our side, the API answers when it lands.
-  window = await api.window(sessionId);
-  const deadline = Date.now() + foldWaitS * 1000;
-  while (window.fold_revision === 0 && Date.now() < deadline) {
-    const changed = await api.waitForWindow(sessionId, window.etag, 30, "fold");
-    window = changed ?? (await api.window(sessionId));
-  }
-  const folded = window.fold_revision > 0;
-  console.log(JSON.stringify({
-    session: sessionId, turns, folded, fold_revision: window.fold_revision,
-    revision: window.revision, window_messages: window.messages.length,
-    window_kinds: window.items.map((item) => item.kind),
-  }));
-  process.exitCode = folded ? 0 : 1;
+  history.push({ role: "user", content: calls.map((call) => ({
+    type: "tool_result", tool_use_id: call.id,
+    content: readLog(Number((call.input as { page?: number }).page ?? 0)) })) });
 }
 
-main().catch((error: unknown) => {
-  console.error(`agent failed: ${error instanceof Error ? error.message : String(error)}`);
-  process.exitCode = 2;
-});
+// An app server would wait for the session's next background fold the same way: by long-poll.
+let window = await session.window();
+const foldWaitS = Number(env.FOLD_WAIT_S ?? "0");
+const deadline = Date.now() + foldWaitS * 1000;
+while (window.fold_revision === 0 && Date.now() < deadline) {
+  window = (await session.waitForWindow(window.etag, 30, "fold")) ?? (await session.window());
+}
+
+console.log(JSON.stringify({
+  session: session.id, messages: history.length, text, stats: llm.stats,  // sessionfold
+  fold_revision: window.fold_revision, window_kinds: window.items.map((item) => item.kind),
+}));
+process.exitCode = text ? 0 : 1;
