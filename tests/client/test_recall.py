@@ -20,7 +20,7 @@ from sessionfold.runtime.settings import Settings
 
 ACCOUNT = "ACCT-90417"
 PLANTED = f"billing_account = {ACCOUNT}  # the account this agent reconciles"
-#: Answers of up to 4,000 tokens (the default would be a sixteenth of this small budget): the
+#: Answers of up to 4,000 tokens (the default would be a thirty-second of this small budget): the
 #: planted line and its neighbours come back in one answer.
 POLICY = FoldPolicy(budget_tokens=8000, keep_recent_turns=2, recall_max_tokens=4000)
 

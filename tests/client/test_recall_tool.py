@@ -169,8 +169,8 @@ def test_the_answers_to_one_reply_share_twice_one_answers_cap(store: SessionStor
     assert "file 17 line 42" in found.text and found.tokens <= 256
 
 
-def test_the_default_cap_is_a_sixteenth_of_the_budget(sqlite_store: SessionStore) -> None:
-    sqlite_store.create_session("d", FoldPolicy(budget_tokens=16_000))
+def test_the_default_cap_is_a_thirty_second_of_the_budget(sqlite_store: SessionStore) -> None:
+    sqlite_store.create_session("d", FoldPolicy(budget_tokens=32_000))
     sqlite_store.append("d", [{"role": "user", "content": " ".join(
         f"word{n}" for n in range(5000))}])
     result = answer(sqlite_store, "d", RecallRequest(seq=(0, 0)))

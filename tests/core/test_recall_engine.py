@@ -297,8 +297,9 @@ def test_a_stub_a_tool_printed_for_another_seq_is_not_hinted() -> None:
 def test_recall_is_on_by_default_with_bounded_answers_and_rounds() -> None:
     policy = FoldPolicy(budget_tokens=32_000)
     assert (policy.recall, policy.recall_max_tokens, policy.recall_max_rounds) == (True, None, 3)
-    # Left to the budget: a sixteenth of it, at least 512 and at most 4,000 tokens.
-    assert policy.recall_answer_tokens == 2000
+    # Left to the budget: a thirty-second of it, at least 512 and at most 4,000 tokens.
+    assert policy.recall_answer_tokens == 1000
+    assert FoldPolicy(budget_tokens=64_000).recall_answer_tokens == 2000
     assert FoldPolicy(budget_tokens=8_000).recall_answer_tokens == 512
     assert FoldPolicy(budget_tokens=200_000).recall_answer_tokens == 4000
     assert FoldPolicy(budget_tokens=32_000, recall_max_tokens=300).recall_answer_tokens == 300
