@@ -60,7 +60,9 @@ PIPELINE = ("sessionfold-background", "sessionfold-inline", "sessionfold-backgro
 IN_PROCESS = ("sessionfold-background-inprocess", "sessionfold-inline-inprocess")
 #: The real client, store, scheduler rule and fold procedure on a call-count clock
 #: (``b1.sim_systems``): folds land before the next call, or six calls late.
-SIM = {"sessionfold-sim": 0, "sessionfold-sim-lag5": 5}
+SIM = {"sessionfold-sim": 0, "sessionfold-sim-lag5": 5, "sessionfold-sim-batch": 0}
+#: Simulated-clock systems whose folds that can wait go through the batch API.
+SIM_BATCH = ("sessionfold-sim-batch",)
 ALL_SYSTEMS = ("none", *PEERS, *PIPELINE, *IN_PROCESS, *SIM)
 #: Systems whose numbers depend on timing (a fold landing between calls): run them alone.
 BACKGROUND = ("sessionfold-background", "sessionfold-background-recall",
@@ -103,14 +105,20 @@ def _replay_sim(name: str, transcripts: list[Transcript], args: argparse.Namespa
     from b1.sim_systems import SimSystem
 
     fake = FakeSummarizer(counter=counter, time_scale=0.0)
-    system = SimSystem(fake, lag=SIM[name], overrides=args.policy)
+    system = SimSystem(fake, lag=SIM[name], overrides=args.policy,
+                       batch_delay_s=args.batch_delay_s if name in SIM_BATCH else None)
     runs = []
     for budget in args.budget_list:
         print(f"[b1] {name} @ {budget}", file=sys.stderr)
         system.start()
         try:
             runs.append(replay(system, transcripts, budget, time_scale=0.0, counter=counter,
-                               summarizer=fake, source="simulated clock (bench/b1/sim_systems)"))
+                               summarizer=fake, idle=args.idle_gaps,
+                               source="simulated clock (bench/b1/sim_systems)"))
+            assert system.deployment is not None
+            if system.deployment.batch_events:
+                print(f"[b1] {name} @ {budget}: batches {system.deployment.batch_events}",
+                      file=sys.stderr)
         finally:
             system.stop()
     return runs
@@ -369,6 +377,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "separated by 10-60 minutes of model time; every system billed "
                              "with the same 5-minute cache lifetime, the pipeline's cache "
                              "lifetime and sweep on the scaled clock")
+    parser.add_argument("--batch-delay-s", type=float, default=600.0,
+                        help="sessionfold-sim-batch: model seconds from a batch's submission "
+                             "to its end (default 600)")
     parser.add_argument("--no-results", action="store_true",
                         help="do not touch RESULTS.md and the charts")
     args = parser.parse_args(argv)

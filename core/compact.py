@@ -32,7 +32,9 @@ would leave (a dry run of the free layers on a copy: no summarizer call), and
 layer in one rewrite, so one cache break), or changes nothing and records ``would-not-pay`` with
 the figures (:attr:`CompactionRecord.economics`). ``idle`` visits start from the policy's idle
 trigger and are priced with a cold cache. Without ``economics``, or with ``economics="window"``,
-nothing is priced: the visit runs as described above.
+nothing is priced: the visit runs as described above. A fold that can wait for a provider's
+batch API (:mod:`.batching`) is priced at its rate and asks its summaries of the visit's batch
+summarizer.
 
 The planner is pure: the only I/O is the summarizer call (and the ``originals`` lookup a caller
 may pass, read only for a clipped output edited again). The result describes the change as a
@@ -43,7 +45,7 @@ that take their place), which the store commits under compare-and-set.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .clip import clip_oversized
@@ -194,6 +196,11 @@ class FoldVisit:
     the record names it when the ``summarize`` layer is reached and skipped.
     ``economics`` prices the visit when the policy says ``economics="dollars"`` (see "Priced
     visits" in the module doc); forced and ``overflow`` visits are never priced.
+    ``batch_summarizer`` is what a visit the cost model sends through a provider's batch API
+    asks its summaries of (:mod:`.batching`; the economics' ``batch`` terms price it, and are
+    ignored without it). It may raise :class:`~.errors.SummaryDeferred` (the request went to
+    the batch API), which fold_window lets through: the visit is made again, with the same
+    inputs, once the answer is in.
     ``trigger_tokens`` is the session's trigger as the store keeps it: for a priced visit it may
     be below the policy's (the cost model set the next visit earlier:
     :func:`~.economics.next_trigger_tokens`); an unpriced visit always waits for the policy's.
@@ -220,6 +227,7 @@ class FoldVisit:
     economics: FoldEconomics | None = None
     trigger_tokens: int | None = None
     item_chars: Sequence[int | None] | None = None
+    batch_summarizer: Summarizer | None = None
 
 
 def fold_window(items: Sequence[WindowItem], visit: FoldVisit) -> FoldResult:
@@ -232,6 +240,8 @@ def fold_window(items: Sequence[WindowItem], visit: FoldVisit) -> FoldResult:
     target_tokens, calibration, economics = (visit.target_tokens, visit.calibration,
                                              visit.economics)
     _check_items(items)
+    if economics is not None and economics.batch is not None and visit.batch_summarizer is None:
+        economics = replace(economics, batch=None)  # no batch API to send the fold to
     if target_tokens is not None and target_tokens < 0:
         raise InvalidInputError(f"target_tokens must be >= 0, got {target_tokens}")
     sizes = Sizes(visit.counter or default_counter())
@@ -284,6 +294,8 @@ def fold_window(items: Sequence[WindowItem], visit: FoldVisit) -> FoldResult:
     elif choice is not None:
         # Deeper than the policy's target when that pays best: every layer, one rewrite.
         target = planner.target = choice.option.target_tokens
+        if choice.batch:
+            planner.summarizer = visit.batch_summarizer
     if planner.over() and not waiting:
         planner.drop_recall()
     for layer in policy.layers:

@@ -245,6 +245,13 @@ class FoldChoice:
     #: ``would-not-pay`` only: the window at which folding is next worth a look (None: at the
     #: chosen cycle's trigger).
     revisit_tokens: float | None = None
+    #: The fold goes through the provider's batch API (priced at its rate; see
+    #: :mod:`.batching`), and :attr:`batch_saving` is what that saves against folding now.
+    batch: bool = False
+    batch_saving: float | None = None
+    #: A batch fold's: the trigger of the cycle priced at the list price, where the session's
+    #: next fold (most likely a live one) is due (:func:`~.economics.next_trigger_tokens`).
+    live_trigger_tokens: float | None = None
 
     @property
     def fold(self) -> bool:
@@ -266,6 +273,13 @@ class FoldChoice:
 
     def explain(self) -> str:
         """One sentence with the numbers, for the record and the logs."""
+        said = self._explain()
+        if self.batch and self.batch_saving is not None:
+            said += (f"; through the batch API, which saves {_usd(self.batch_saving)} against "
+                     "calling the summarizer now")
+        return said
+
+    def _explain(self) -> str:
         c, x = self.chosen, self.window_tokens
         target = f"{c.option.target_tokens:,}{_label(c.option)}"
         cycle = (f"best rate {_usd(c.rate)}/call folding at {c.trigger_tokens:,.0f} every "
@@ -300,6 +314,10 @@ class FoldChoice:
             data["horizon_calls"] = self.horizon_calls
         if self.revisit_tokens is not None:
             data["revisit_tokens"] = self.revisit_tokens
+        if self.batch:
+            data["batch"] = True
+            data["batch_saving"] = self.batch_saving
+            data["live_trigger_tokens"] = self.live_trigger_tokens
         return data
 
 

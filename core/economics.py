@@ -26,6 +26,11 @@ them).
 ``cold`` (an idle visit: the session was idle longer than its cache's lifetime) prices the fold
 without a write premium: its next call rewrites the prefix anyway.
 
+**Through a batch API.** Given :class:`~.batching.BatchTerms` (the runtime offers a provider's
+batch API), a fold that can wait for one (:mod:`.batching`: the headroom covers the delay, or
+the session is idle; the discount pays for the wait; the fold pays at the batch rate) is
+chosen at the batch rate instead, and the choice says ``batch``.
+
 **When the next visit comes.** A priced visit also says when the session is next worth a visit
 (:func:`next_trigger_tokens`): the trigger T* of the cycle it chose, the size at which a fold
 back to that cycle's target is cheapest per call (after a fold: when to fold next; after
@@ -42,15 +47,16 @@ and that first priced visit names T*; one that finds nothing it could fold yet (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .batching import BatchTerms, batch_pricing, batch_saving, covers_delay
 from .cycles import FoldChoice, FoldOption, choose_fold
 from .errors import InvalidInputError
 from .fold_cost import FoldPricing
 from .policy import FoldPolicy
 from .window import CompactionRecord
 
-__all__ = ["MIN_HORIZON_CALLS", "NOTHING_TO_PRICE", "FoldEconomics", "FoldShape",
+__all__ = ["MIN_HORIZON_CALLS", "NOTHING_TO_PRICE", "BatchTerms", "FoldEconomics", "FoldShape",
            "ceiling_tokens", "decide", "expected_calls_left", "next_trigger_tokens",
            "nothing_to_price", "opening_trigger_tokens"]
 
@@ -99,6 +105,9 @@ class FoldEconomics:
     #: commit (the store's running measure): 1 when a fold lands by the next call, and when
     #: not known yet. The ceiling leaves room for them.
     lag_calls: float = 1.0
+    #: A provider's batch API the fold may go through, at its rate, when it can wait for the
+    #: answer (:mod:`.batching`); None: the summarizer is called now.
+    batch: BatchTerms | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +183,55 @@ def decide(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape) -> Fo
     # are estimates, and the cost model refuses a head larger than a target).
     head = max(0, min(shape.head_tokens, shape.window_tokens,
                       *(o.target_tokens for o in options)))
-    return choose_fold(economics.pricing, options, window_tokens=max(0, shape.window_tokens),
-                       ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens,
-                                                     economics.lag_calls),
+    live = _choose(policy, economics, shape, options, head)
+    return _through_batch(policy, economics, shape, options, head, live) or live
+
+
+def _choose(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape,
+            options: list[FoldOption], head: int, *, lag_calls: float | None = None,
+            pricing: FoldPricing | None = None) -> FoldChoice:
+    lag = economics.lag_calls if lag_calls is None else lag_calls
+    return choose_fold(pricing or economics.pricing, options,
+                       window_tokens=max(0, shape.window_tokens),
+                       ceiling_tokens=ceiling_tokens(policy, shape.growth_tokens, lag),
                        growth_tokens=shape.growth_tokens, cold=economics.cold,
                        stable_prefix_tokens=head, horizon_calls=economics.remaining_calls,
                        horizon_growth=economics.horizon_growth)
+
+
+def _through_batch(policy: FoldPolicy, economics: FoldEconomics, shape: FoldShape,
+                   options: list[FoldOption], head: int,
+                   live: FoldChoice) -> FoldChoice | None:
+    """The choice at the batch rate when the fold can wait for a batch API (:mod:`.batching`),
+    else None."""
+    terms = economics.batch
+    pricing = None if terms is None else batch_pricing(economics.pricing)
+    if terms is None or pricing is None:
+        return None
+    x, g = shape.window_tokens, shape.growth_tokens
+    # An idle session makes no calls while it waits; a busy one makes the delay's, and the
+    # background lag's if that is longer.
+    delay = 0.0 if economics.cold else max(terms.delay_calls, economics.lag_calls)
+    if not economics.cold and not covers_delay(policy, x, g, delay):
+        return None
+    batched = _choose(policy, economics, shape, options, head, pricing=pricing,
+                      lag_calls=max(delay, economics.lag_calls))
+    if batched.why != "pays":
+        return None
+    saving = batch_saving(economics.pricing, batched.option, x, delay)
+    if saving <= 0:
+        return None
+    if not live.fold and batched.saving_now <= _waiting_reads(economics, batched, x, delay):
+        return None  # the cost model would not fold now, and the wait eats what folding saves
+    return replace(batched, batch=True, batch_saving=saving,
+                   live_trigger_tokens=live.chosen.trigger_tokens)
+
+
+def _waiting_reads(economics: FoldEconomics, choice: FoldChoice, window: float,
+                   delay: float) -> float:
+    """What the calls made while a batch answer is awaited read of what the fold removes."""
+    removed = max(0.0, window - choice.option.target_tokens)
+    return delay * economics.pricing.read * economics.pricing.agent.input_per_token * removed
 
 
 def expected_calls_left(policy: FoldPolicy, calls: int) -> tuple[float, float]:
@@ -222,7 +274,9 @@ def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | N
       trigger;
     - priced, folded (``pays`` or ``ceiling``): T*, the trigger of the cycle the fold chose
       (the size at which folding back to its target is cheapest per call);
-    - priced, ``would-not-pay``: T*, where folding starts to pay.
+    - priced, ``would-not-pay``: T*, where folding starts to pay;
+    - a fold through a batch API (priced at its rate): T* of the cycle at the list price, as
+      the next fold is most likely a live one.
 
     T* is kept as the plan priced it, not moved with the window the fold really left: the next
     visit is priced by the same estimates, so a trigger carried over to a fold that went deeper
@@ -258,6 +312,11 @@ def next_trigger_tokens(policy: FoldPolicy, record: CompactionRecord) -> int | N
         cycle_target = float(chosen["target_tokens"])
     except (KeyError, TypeError, ValueError):
         return trigger
+    live = choice.get("live_trigger_tokens")
+    if choice.get("batch") and isinstance(live, int | float) and math.isfinite(live):
+        # A batch fold was priced at the batch rate; the next fold is most likely a live one,
+        # due where the list price puts it.
+        cycle_trigger = float(live)
     if not (math.isfinite(cycle_trigger) and math.isfinite(cycle_target)):
         return trigger
     if why in ("pays", "ceiling") and record.outcome == "folded" and cycle_trigger > cycle_target:

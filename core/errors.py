@@ -17,6 +17,7 @@ translated where they enter (``raise Mapped(msg) from exc``)::
     ├── ContextOverflowError           the provider rejected a request as too long
     ├── BudgetExceededError            one message alone keeps a request over its budget
     ├── StaleSpanError                 a fold lost its compare-and-set; nothing was written
+    ├── SummaryDeferred                not a failure: a visit's summary went to a batch API
     ├── SessionNotFoundError           no session with that id
     ├── DiscardedOriginalsError        recover() of a span whose originals were discarded
     ├── SchemaError                    the database schema is missing or newer than this code
@@ -140,6 +141,15 @@ class StaleSpanError(SessionfoldError):
 
     Nothing of the fold was written; the caller re-reads the window.
     """
+
+
+class SummaryDeferred(SessionfoldError):
+    """Not a failure: the visit's summary was asked of a provider's batch API, which answers in
+    minutes. Raised by a batch summarizer (:attr:`~sessionfold.core.compact.FoldVisit.
+    batch_summarizer`) at the first summary a visit priced at the batch rate asks for;
+    :func:`~sessionfold.core.compact.fold_window` lets it through (it is no
+    :class:`SummarizerError`), nothing of the visit is decided or written, and the caller makes
+    the visit again once the answer is in (:mod:`sessionfold.runtime.batch_folds`)."""
 
 
 class SessionNotFoundError(SessionfoldError, LookupError):

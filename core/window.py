@@ -99,6 +99,13 @@ class SummarizerUsage(BaseModel):
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    #: The part of the counts above billed through a provider's batch API, at its batch rate
+    #: (:meth:`~sessionfold.core.prices.ModelPrices.batched`): included in them, never added to
+    #: them. A summarizer sets no cache breakpoints, so a batch call's cache reads and writes
+    #: (none, normally) are counted at the list price: over, never under.
+    batch_calls: int = 0
+    batch_input_tokens: int = 0
+    batch_output_tokens: int = 0
 
     def __add__(self, other: SummarizerUsage) -> SummarizerUsage:
         return SummarizerUsage(
@@ -110,7 +117,16 @@ class SummarizerUsage(BaseModel):
             cache_creation_input_tokens=(
                 self.cache_creation_input_tokens + other.cache_creation_input_tokens
             ),
+            batch_calls=self.batch_calls + other.batch_calls,
+            batch_input_tokens=self.batch_input_tokens + other.batch_input_tokens,
+            batch_output_tokens=self.batch_output_tokens + other.batch_output_tokens,
         )
+
+    def through_batch(self) -> SummarizerUsage:
+        """This usage, every call of it billed through a provider's batch API."""
+        return self.model_copy(update={"batch_calls": self.calls,
+                                       "batch_input_tokens": self.input_tokens,
+                                       "batch_output_tokens": self.output_tokens})
 
 
 class Refusal(BaseModel):

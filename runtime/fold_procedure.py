@@ -61,22 +61,41 @@ Why each step sits where it does:
   past its cache's lifetime) is priced with a cold cache. Forced and overflow visits (the
   inline fallback) are never priced: the budget wins over dollars.
 
+- **Batch folds** (``batch``: a provider's batch API, :mod:`.batch_folds`): a priced background
+  visit whose fold can wait (:mod:`sessionfold.core.batching`) sends its summary request there
+  instead of calling the summarizer, and keeps its claim, held to the batch's deadline, with
+  the session's batch mark (:meth:`SessionStore.hold_for_batch
+  <sessionfold.store.store.SessionStore.hold_for_batch>`); its report says ``batch-pending``.
+  A collection (:mod:`.batch_collect`) makes the visit again from the plan the mark keeps, with
+  the batch's answer, and lands it here (:func:`visit`). A request the batch API refuses is
+  asked of the summarizer at once.
+
 Fault points for tests (:mod:`.faults`): ``after-summary`` sits between the summarizer's return
-and the commit.
+and the commit; ``after-batch-submit`` between a batch fold's hold and the end of its job.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from sessionfold.core.batching import BatchTerms
 from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.economics import FoldEconomics, expected_calls_left
-from sessionfold.core.errors import StaleSpanError, TransientSummarizerError
+from sessionfold.core.errors import (
+    SessionfoldError,
+    SessionNotFoundError,
+    StaleSpanError,
+    SummarizerError,
+    SummaryDeferred,
+    TransientSummarizerError,
+)
 from sessionfold.core.fold_cost import FoldPricing
-from sessionfold.core.summarizers import Summarizer
+from sessionfold.core.messages import Message
+from sessionfold.core.summarizers import Summarizer, Summary
 from sessionfold.core.window import (
     CompactionRecord,
     SummarizerUsage,
@@ -84,25 +103,41 @@ from sessionfold.core.window import (
 )
 from sessionfold.store.fold_commit import LAG_WEIGHT
 
+from .batch_folds import (
+    BatchOffer,
+    BatchRecorder,
+    BatchTicket,
+    DeferredRequest,
+    plan_of,
+    visit_of,
+)
 from .faults import fault_point
 from .summarizer_guard import SummarizerChoice, SummarizerGuard
 
 if TYPE_CHECKING:
     from sessionfold.store import SessionStore
-    from sessionfold.store.results import Claim, SessionInfo
+    from sessionfold.store.results import Claim, FoldContext, SessionInfo
 
 __all__ = [
+    "BATCH_PENDING",
     "FOLD_LAG",
+    "Collected",
     "FoldJob",
     "FoldReport",
     "OutOfTime",
+    "cancel_quietly",
+    "charged",
+    "claim_report",
     "run_fold",
     "store_job_id",
+    "visit",
 ]
 
 log = logging.getLogger(__name__)
 
 SOFT_TIME_LIMIT = "soft time limit"
+#: The outcome of a visit whose fold waits on a batch API (a report's, never a record's).
+BATCH_PENDING = "batch-pending"
 
 #: Exceptions a runner raises into a visit when its time limit strikes (an ``except`` clause's
 #: tuple: empty catches nothing).
@@ -166,6 +201,11 @@ class FoldReport:
     retry_error: TransientSummarizerError | None = None
     #: The visit's record as written (None when the job stopped at its claim).
     record: CompactionRecord | None = None
+    #: A batch fold's batch (:class:`~.batch_folds.BatchTicket` as JSON), and what became of
+    #: it in this job: ``submitted``, ``collected``, ``fallen-back`` (the summarizer called
+    #: now instead), ``dropped`` (nothing waits for it any more).
+    batch: dict[str, Any] | None = None
+    batch_event: str | None = None
 
     @property
     def summarizer_calls(self) -> int:
@@ -188,6 +228,8 @@ class FoldReport:
         }
         if self.retry_error is not None:
             data["retry_error"] = str(self.retry_error)
+        if self.batch is not None:
+            data["batch"] = {**self.batch, "event": self.batch_event}
         return data
 
 
@@ -203,7 +245,7 @@ def store_job_id(task_id: str, retries: int) -> str:
 
 def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None,
              job: FoldJob, *, pricing: FoldPricing | None = None,
-             out_of_time: OutOfTime = ()) -> FoldReport:
+             out_of_time: OutOfTime = (), batch: BatchOffer | None = None) -> FoldReport:
     """Claim, plan, summarize, commit: one visit (and, with ``job.replan``, one re-plan).
 
     ``summarizer``: a :class:`~.summarizer_guard.SummarizerGuard` (what the Celery task and the
@@ -212,29 +254,30 @@ def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
     guards: tests, ``compact``), or None (the free layers only). ``pricing``: what a policy
     with ``economics="dollars"`` is priced with (None: no visit is priced). ``out_of_time``:
     the exceptions that mean the runner's time limit struck (see the module doc; none by
-    default: an inline fold has no time limit of its own).
+    default: an inline fold has no time limit of its own). ``batch``: a provider's batch API
+    a priced background visit may send its fold to (see "Batch folds" in the module doc).
 
     Raises what the store raises (SessionNotFoundError, StoreError...) and nothing of the
     summarizer's: a summarizer failure is a refusal in the record, and a transient one is also
     returned in :attr:`FoldReport.retry_error`. A store error after the claim leaves the claim
     to its lease: the session waits no longer than ``job.lease_s`` for the next visit.
     """
-    report = _attempt(store, summarizer, job, pricing, out_of_time)
+    report = _attempt(store, summarizer, job, pricing, out_of_time, batch)
     if report.outcome != "stale" or not job.replan:
-        return _charged(summarizer, report)
+        return charged(summarizer, report)
     # Lost the race (another inline fold, or a claim that outlived ours). The winner may have
     # done the work already: look before paying again.
     info = store.get_session(job.session_id)
     target = job.target_tokens if job.target_tokens is not None else info.policy.target_tokens
     if info.current_tokens <= target:
-        return _charged(summarizer, replace(
+        return charged(summarizer, replace(
             report, detail=f"a concurrent fold won; the window is at {info.current_tokens} "
                            f"tokens, under the target {target}"))
     # The provider's count named the window before the winner's fold: measure afresh.
     again = _attempt(store, summarizer, replace(job, job_id=f"{job.job_id}~replan",
                                                 measured_tokens=None, replan=False),
-                     pricing, out_of_time)
-    return _charged(summarizer, replace(
+                     pricing, out_of_time, None)
+    return charged(summarizer, replace(
         again, replans=1, summarizer_usage=report.summarizer_usage + again.summarizer_usage))
 
 
@@ -245,8 +288,8 @@ def _choose(summarizer: Summarizer | SummarizerGuard | None, claim: Claim) -> Su
     return SummarizerChoice(summarizer)
 
 
-def _charged(summarizer: Summarizer | SummarizerGuard | None,
-             report: FoldReport) -> FoldReport:
+def charged(summarizer: Summarizer | SummarizerGuard | None,
+            report: FoldReport) -> FoldReport:
     """``report``, once what its summarizer calls cost is counted against the session."""
     if isinstance(summarizer, SummarizerGuard) and report.incarnation is not None:
         summarizer.charge(report.session_id, report.incarnation, report.summarizer_usage)
@@ -254,46 +297,93 @@ def _charged(summarizer: Summarizer | SummarizerGuard | None,
 
 
 def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None,
-             job: FoldJob, pricing: FoldPricing | None, out_of_time: OutOfTime) -> FoldReport:
+             job: FoldJob, pricing: FoldPricing | None, out_of_time: OutOfTime,
+             batch: BatchOffer | None) -> FoldReport:
     """One attempt: claim and read, plan, land (the procedure of the module doc, once)."""
-    sid = job.session_id
-    context = store.begin_fold(sid, job.job_id, enqueued_epoch=job.enqueued_epoch,
+    context = store.begin_fold(job.session_id, job.job_id, enqueued_epoch=job.enqueued_epoch,
                                lease_s=job.lease_s, force=job.force,
                                max_abandoned=job.max_abandoned, incarnation=job.incarnation)
-    claim = context.claim
-    base = FoldReport(session_id=sid, job_id=job.job_id, trigger=job.trigger,
+    if not context.claim.claimed:
+        return claim_report(job, context.claim)
+    return visit(store, summarizer, job, context, pricing=pricing, out_of_time=out_of_time,
+                 batch=batch)
+
+
+def claim_report(job: FoldJob, claim: Claim) -> FoldReport:
+    """The report of a visit as its claim left it (``skipped``, until it lands)."""
+    return FoldReport(session_id=job.session_id, job_id=job.job_id, trigger=job.trigger,
                       outcome="skipped", claim=claim.status, epoch=claim.epoch,
                       revision=claim.revision, incarnation=claim.incarnation,
                       detail=claim.detail)
-    if not claim.claimed:
-        return base
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A batch fold's answer, for :func:`visit` to make the visit of ``plan`` again with
+    (:mod:`.batch_collect`)."""
+
+    plan: Mapping[str, Any]
+    key: str
+    answer: Summary
+
+
+def visit(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None, job: FoldJob,
+          context: FoldContext, *, pricing: FoldPricing | None = None,
+          out_of_time: OutOfTime = (), batch: BatchOffer | None = None,
+          collected: Collected | None = None) -> FoldReport:
+    """Plan and land one visit under the held claim of ``context`` (what :func:`run_fold` does
+    once it has claimed; a batch collection, once it has taken its claim up again).
+
+    ``batch``: the visit may send its fold to that batch API (the report's outcome is then
+    ``batch-pending``). ``collected``: the visit is a batch fold's, made again from its plan
+    with the batch's answer.
+    """
+    claim = context.claim
     window, info = context.window, context.session
-    assert window is not None and info is not None  # read with the claim
-    base = replace(base, revision=window.revision)
+    assert claim.claimed and window is not None and info is not None  # read with the claim
+    base = replace(claim_report(job, claim), revision=window.revision)
     if info.paused and not job.force and job.trigger in ("threshold", "idle"):
         record = CompactionRecord.paused(
             trigger=job.trigger, policy=info.policy, current_tokens=info.current_tokens,
             measured=info.measured_tokens is not None, target_tokens=job.target_tokens)
         return _land_record(store, claim, _ended(base, record))
     choice = _choose(summarizer, claim)
-    try:
-        result = fold_window(
-            window.items, FoldVisit(info.policy, choice.summarizer, system=window.system,
+    sid = job.session_id
+
+    def originals(seq: int) -> Message | None:
+        # Read only for a clipped output masked (or clipped shorter) now: the stub names the
+        # ledger original's size, never a number found in the output.
+        return store.recover(sid, seq, seq)[0]
+
+    recorder = None
+    if collected is not None:
+        items, folding = visit_of(collected.plan, window, collected.key, collected.answer,
+                                  live=choice.summarizer, latched=context.latched,
+                                  originals=originals)
+    else:
+        if batch is not None and choice.summarizer is not None and _may_wait(job):
+            recorder = BatchRecorder(choice.summarizer)
+        items = window.items
+        folding = FoldVisit(
+            info.policy, choice.summarizer, system=window.system,
             summarizer_skipped=choice.skipped,
             measured_tokens=_measured(job, info), calibration=info.calibration,
             trigger=job.trigger, force=job.force, target_tokens=job.target_tokens,
             latched=context.latched,
-            economics=None if pricing is None else _economics(pricing, job, info),
-            trigger_tokens=info.trigger_tokens,
-            item_chars=window.chars or None,
-            # Read only for a clipped output masked (or clipped shorter) now: the stub names the
-            # ledger original's size, never a number found in the output.
-            originals=lambda seq: store.recover(sid, seq, seq)[0]),
-        )
+            economics=(None if pricing is None else _economics(
+                pricing, job, info, None if recorder is None or batch is None
+                else batch.terms(info))),
+            trigger_tokens=info.trigger_tokens, item_chars=window.chars or None,
+            originals=originals, batch_summarizer=recorder)
+    try:
+        result = fold_window(items, folding)
+    except SummaryDeferred:
+        assert recorder is not None and recorder.request is not None and batch is not None
+        return _submit(store, summarizer, job, context, folding, recorder.request, batch,
+                       pricing=pricing, out_of_time=out_of_time)
     except out_of_time:
         # The hard limit follows shortly: release the claim now (a recorded visit), so the
         # session is not blocked for a whole lease, and let the task retry later.
-        items = window.items
         record = CompactionRecord.out_of_time(
             trigger=job.trigger, policy=info.policy, current_tokens=info.current_tokens,
             measured_tokens=_measured(job, info),
@@ -312,6 +402,56 @@ def _attempt(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
         report = replace(report, detail="; ".join(x for x in (report.detail, choice.skipped)
                                                    if x))
     return report
+
+
+def _may_wait(job: FoldJob) -> bool:
+    """Only a background visit may wait for a batch: an inline fold's agent is waiting on it."""
+    return not job.force and job.trigger in ("threshold", "idle")
+
+
+def _submit(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None, job: FoldJob,
+            context: FoldContext, folding: FoldVisit, request: DeferredRequest,
+            batch: BatchOffer, *, pricing: FoldPricing | None,
+            out_of_time: OutOfTime) -> FoldReport:
+    """Send the visit's summary request to the batch API and hold the claim for its answer;
+    a request the API refuses is asked of the summarizer now instead (the visit again,
+    without the batch API)."""
+    claim = context.claim
+    assert context.window is not None
+    base = replace(claim_report(job, claim), revision=context.window.revision)
+    try:
+        mark = batch.submit(claim, job.trigger, request, plan_of(folding, context.window),
+                            now=store.now())
+    except SummarizerError as exc:
+        log.warning("fold of %s: the batch API refused its request (%s); calling the "
+                    "summarizer now", job.session_id, exc)
+        again = visit(store, summarizer, job, context, pricing=pricing,
+                      out_of_time=out_of_time)
+        return replace(again, batch_event="fallen-back",
+                       detail="; ".join(x for x in (again.detail, f"batch API: {exc}") if x))
+    ticket = BatchTicket.of(claim, mark)
+    try:
+        store.hold_for_batch(claim, mark)
+    except (StaleSpanError, SessionNotFoundError) as exc:
+        # The claim moved on while the request went out (an inline fold forced its own, or the
+        # session was deleted): nothing waits for the answer.
+        cancel_quietly(batch, ticket)
+        return replace(base, outcome="stale", detail=str(exc), batch=ticket.to_json(),
+                       batch_event="dropped")
+    fault_point("after-batch-submit")
+    return replace(base, outcome=BATCH_PENDING, batch=ticket.to_json(),
+                   batch_event="submitted",
+                   detail=f"summary sent to {mark.provider}'s batch API (batch "
+                          f"{mark.batch_id}); the fold lands once it is collected")
+
+
+def cancel_quietly(batch: BatchOffer, ticket: BatchTicket) -> None:
+    """Ask the provider to stop ``ticket``'s batch; a batch already over is no error worth
+    more than a log line."""
+    try:
+        batch.api.cancel(ticket.batch_id)
+    except SessionfoldError as exc:
+        log.info("could not cancel batch %s of %s: %s", ticket.batch_id, ticket.session_id, exc)
 
 
 class _Lag:
@@ -339,14 +479,16 @@ class _Lag:
 FOLD_LAG = _Lag()
 
 
-def _economics(pricing: FoldPricing, job: FoldJob, info: SessionInfo) -> FoldEconomics:
+def _economics(pricing: FoldPricing, job: FoldJob, info: SessionInfo,
+               batch: BatchTerms | None) -> FoldEconomics:
     """What a priced visit is priced with: the cache's state, the calls the session is expected
-    to make from now on (its policy's ``expected_calls``, else its age), and how late its
-    background folds have landed so far (this process's recent folds when it has none)."""
+    to make from now on (its policy's ``expected_calls``, else its age), how late its
+    background folds have landed so far (this process's recent folds when it has none), and
+    the batch API it may wait for."""
     remaining, growth = expected_calls_left(info.policy, info.calls)
     lag = info.fold_lag_calls if info.fold_lag_calls is not None else FOLD_LAG.prior()
     return FoldEconomics(pricing, cold=job.trigger == "idle", remaining_calls=remaining,
-                         horizon_growth=growth, lag_calls=lag)
+                         horizon_growth=growth, lag_calls=lag, batch=batch)
 
 
 def _ended(base: FoldReport, record: CompactionRecord) -> FoldReport:

@@ -10,6 +10,7 @@ one's state::
     keys.measured("s1")            # 'sessionfold:measured:{p9}:s1'    last accepted usage
     keys.fold_lock("s1")           # 'sessionfold:lock:fold:{p9}:s1'   one fold job in flight
     keys.last_calls(9)             # 'sessionfold:calls:{p9}:last'     partition 9's last calls
+    keys.pending_batches(9)        # 'sessionfold:batches:{p9}:pending' its batch folds
     keys.partition_lease(9)        # 'sessionfold:partition:{p9}:lease' which scheduler owns it
 
 **Partitions and Redis Cluster.** Sessions are split into ``partitions`` by a stable hash of
@@ -39,6 +40,8 @@ then:
 - ``fold_attempts``: per job id, not per session; job ids are never reused;
 - ``last_calls``: one member per session id: the new session's first call sets its time (an
   idle sweep that meets the deleted one finds no session and drops the member).
+- ``pending_batches``: a member names the incarnation its batch fold was sent for: the
+  collection finds the deleted session (or the new one) and cancels the batch.
 """
 
 from __future__ import annotations
@@ -148,6 +151,13 @@ class Keys:
         if not text.startswith(head) or not sep or not tag.startswith("{p"):
             raise ValueError(f"not a fold lock key of prefix {self.prefix!r}: {text!r}")
         return sid
+
+    def pending_batches(self, partition: int) -> str:
+        """Sorted set of a partition's batch folds waiting on a provider's batch API (members:
+        :class:`~sessionfold.runtime.batch_folds.BatchTicket` JSON), scored by when the next
+        look at each is due (unix seconds). Kept apart from the session row, so that a batch
+        whose session was deleted is still found, and cancelled."""
+        return f"{self.prefix}batches:{self.tag(partition)}:pending"
 
     def fold_attempts(self, job_id: str) -> str:
         """Counter of deliveries of one fold job (Celery redelivers after a lost worker)."""

@@ -23,7 +23,10 @@ not landing), ``paused_sessions_over_budget`` (gauge, same sweep: paused session
 budget, which no background fold brings down), ``recall_requests_total{kind,outcome}``
 (recall tool requests answered from the ledger), ``guarded_requests_total{outcome}`` (requests
 the client's pre-send guard sent with the cheap layers applied, ``guarded``, or could not bring
-under the budget, ``over-budget``). Label values are small closed sets (outcomes,
+under the budget, ``over-budget``), ``batch_folds_total{event}`` (folds through a provider's
+batch API: ``submitted``, ``collected``, ``fallen-back`` to a summarizer call now, ``dropped``:
+nothing waited for the answer any more), ``batch_folds_pending`` (gauge, set by the scheduler's
+sweep: folds waiting on a batch). Label values are small closed sets (outcomes,
 refusal reasons, sources, status codes); never put a session id or an error message in a label.
 
 **Several processes.** Each Celery pool child, and each scheduler or worker on a host, is its own
@@ -125,6 +128,14 @@ class Metrics:
             "sessionfold_guarded_requests",
             "Requests the pre-send guard shrank (guarded) or could not bring under the budget "
             "(over-budget)", ["outcome"], registry=reg)
+        self.batch_folds = Counter(
+            "sessionfold_batch_folds",
+            "Folds through a provider's batch API, by what became of the batch "
+            "(submitted, collected, fallen-back, dropped)", ["event"], registry=reg)
+        self.batch_folds_pending = Gauge(
+            "sessionfold_batch_folds_pending",
+            "Folds waiting on a provider's batch API (seen by the last sweep)", registry=reg,
+            multiprocess_mode="livemostrecent")
         # Set by schedulers only. Under multiprocess mode the newest sweep of a live scheduler
         # wins (several may run on a host); a dead scheduler's last value leaves the sum.
         self.sessions_over_budget = Gauge(
@@ -185,6 +196,19 @@ class Metrics:
     def record_dead_letter(self, reason: str) -> None:
         """A fold job was given up on (``reason``: ``max-attempts``, ``permanent-error``…)."""
         self.dead_letters.labels(reason).inc()
+
+    # --- batch folds -------------------------------------------------------------------------
+    def record_batch(self, event: str) -> None:
+        """A batch fold's batch was ``submitted``, ``collected`` (its fold landed),
+        ``fallen-back`` (the summarizer was called now instead) or ``dropped`` (nothing waits
+        for its answer: the session was deleted, or its claim moved on)."""
+        if event not in BATCH_EVENTS:
+            raise InvalidInputError(f"batch fold: unknown event {event!r}")
+        self.batch_folds.labels(event).inc()
+
+    def set_batches_pending(self, n: int) -> None:
+        """What the sweep saw: folds of its partitions waiting on a batch API."""
+        self.batch_folds_pending.set(n)
 
     # --- recall ------------------------------------------------------------------------------
     def record_recall(self, kind: str, outcome: str) -> None:
@@ -313,6 +337,8 @@ class VisitCounts:
 #: The label values of ``recall_requests_total`` (the recall module's kinds and outcomes).
 RECALL_KINDS = frozenset({"seq", "query", "unknown"})
 RECALL_OUTCOMES = frozenset({"served", "clipped", "unavailable", "no-match", "invalid"})
+#: What becomes of a batch fold's batch (``batch_folds_total``).
+BATCH_EVENTS = frozenset({"submitted", "collected", "fallen-back", "dropped"})
 #: What the pre-send guard counts (its third outcome, ``under``, is the common case: not counted).
 GUARD_OUTCOMES = frozenset({"guarded", "folded-inline", "over-budget"})
 _TRIGGERS = frozenset(get_args(Trigger))

@@ -41,15 +41,22 @@ def summarizer_cost_usd(usage: SummarizerUsage,
     """What ``usage`` costs at its model's prices in ``table``.
 
     A summarizer's usage is in Anthropic's shape whatever the model (``input_tokens`` exclude
-    cache reads and writes); cache writes are priced at the 5-minute lifetime. Usage of no
+    cache reads and writes); cache writes are priced at the 5-minute lifetime. The part of it
+    answered through a batch API (``batch_input_tokens``, ``batch_output_tokens``) is priced at
+    the model's batch rate (:meth:`~sessionfold.core.prices.ModelPrices.batched`). Usage of no
     tokens (the offline summarizer's) costs nothing, whatever its model.
     """
+    batch_in = min(usage.batch_input_tokens, usage.input_tokens)
+    batch_out = min(usage.batch_output_tokens, usage.output_tokens)
     tokens = CallTokens(
-        uncached=usage.input_tokens, cache_read=usage.cache_read_input_tokens,
-        cache_write_5m=usage.cache_creation_input_tokens, output=usage.output_tokens)
-    if not tokens.prompt and not tokens.output:
+        uncached=usage.input_tokens - batch_in, cache_read=usage.cache_read_input_tokens,
+        cache_write_5m=usage.cache_creation_input_tokens,
+        output=usage.output_tokens - batch_out)
+    batched = CallTokens(uncached=batch_in, output=batch_out)
+    if not (tokens.prompt or tokens.output or batched.prompt or batched.output):
         return 0.0
-    return _prices_counted(usage.model, table).cost(tokens).total
+    prices = _prices_counted(usage.model, table)
+    return prices.cost(tokens).total + prices.batched().cost(batched).total
 
 
 def _prices_counted(model: str, table: Mapping[str, ModelPrices]) -> ModelPrices:

@@ -209,6 +209,22 @@ class Settings(BaseSettings):
     #: Optional cap on what the summarizer may spend on one session, in USD.
     session_spend_cap_usd: float | None = Field(default=None, gt=0)
 
+    # --- batch folds: the provider's batch API at its discount (issue 36) -----------------------
+    #: Send a background fold that can wait (policy ``economics="dollars"``; see
+    #: ``core.batching``) through the provider's batch API (Anthropic's Message Batches,
+    #: OpenAI's Batch API: half price, answers in minutes) and commit it when it is collected.
+    #: Needs the ``anthropic`` or ``openai`` summarizer.
+    batch_folds: bool = False
+    #: How long a batch is expected to take, in seconds: with the session's call rate, the calls
+    #: of headroom a fold needs to wait for one.
+    batch_delay_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    #: How long a fold waits for its batch at most; past it the batch is cancelled and the
+    #: summarizer called at once (the providers' own limit is 24 hours).
+    batch_max_wait_s: float = Field(default=6 * 3600.0, gt=0, le=24 * 3600.0,
+                                    allow_inf_nan=False)
+    #: How often the scheduler has a pending batch looked at (a collection job per look).
+    batch_poll_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+
     # --- fold economics: prices and the prompt cache (issue 12) -------------------------------
     #: Per-model price overrides, as JSON: model id → some fields of
     #: :class:`~sessionfold.core.prices.ModelPrices`, applied over ``core.prices.DEFAULT_PRICES``
@@ -392,6 +408,9 @@ class Settings(BaseSettings):
             raise ValueError(f"summarizer 'openai' needs {env_name('openai_api_key')} (any "
                              "value for a server that takes no key); set it, or set "
                              "SESSIONFOLD_SUMMARIZER=offline")
+        if self.batch_folds and self.summarizer == "offline":
+            raise ValueError(f"{env_name('batch_folds')} needs a provider's batch API: set "
+                             "SESSIONFOLD_SUMMARIZER to anthropic or openai")
         if self.summarizer != "offline":
             try:
                 summarizer_prices(self.summarizer_model, price_table(self.prices))

@@ -8,6 +8,7 @@ turns them into connections, so that each of these decisions is made here and no
     with redis_url_for(settings) as url:            # REDIS_URL, or the embedded server's URL
         ...
     summarizer = make_summarizer(settings)          # a cheap model's provider, or the offline one
+    offer = batch_offer(settings, summarizer)       # its provider's batch API, or None
     guard = summarizer_guard(settings, redis, summarizer, inline=False)
 
 - **The store**: ``DATABASE_URL``, else the SQLite file ``<data dir>/sessionfold.db``
@@ -35,8 +36,10 @@ from sessionfold.core.errors import InvalidInputError, RedisUnavailableError
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer
 from sessionfold.store import SessionStore
 
+from .batch_folds import BatchOffer
 from .keys import Keys
 from .providers import DEFAULT_CONTEXT_TOKENS
+from .providers.batch_api import BatchCapable
 from .redis_conn import EmbeddedRedis, RedisClient, agent_path_client
 from .settings import Settings
 from .slots import SummarizerSlots
@@ -46,6 +49,7 @@ from .usage import UsagePublisher
 
 __all__ = [
     "RedisEndpoint",
+    "batch_offer",
     "embedded_redis",
     "inline_redis_client",
     "make_summarizer",
@@ -213,6 +217,17 @@ def make_summarizer(settings: Settings) -> Summarizer:
     return OpenAISummarizer(api_key=openai_key.get_secret_value() if openai_key else None,
                             base_url=settings.openai_base_url, model=settings.summarizer_model,
                             timeout=settings.summarizer_timeout_s, context_tokens=context)
+
+
+def batch_offer(settings: Settings, summarizer: Summarizer) -> BatchOffer | None:
+    """The batch API of ``summarizer``'s provider (Anthropic's Message Batches, OpenAI's Batch
+    API), with the settings' expected delay and longest wait; None for a summarizer without
+    one (the offline one). Background folds are offered it only with ``batch_folds`` on; the
+    collection of batches sent earlier uses it either way."""
+    if not isinstance(summarizer, BatchCapable):
+        return None
+    return BatchOffer(summarizer, delay_s=settings.batch_delay_s,
+                      max_wait_s=settings.batch_max_wait_s)
 
 
 def summarizer_guard(settings: Settings, client: RedisClient, summarizer: Summarizer, *,

@@ -8,6 +8,7 @@ from .engine import create_store_engine, default_sqlite_url
 from .pruning import RetentionRules
 from .results import (
     AppendResult,
+    BatchMark,
     Claim,
     ClaimStatus,
     CommitResult,
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_LEASE_S",
     "SCHEMA_REVISION",
     "AppendResult",
+    "BatchMark",
     "Claim",
     "ClaimStatus",
     "CommitResult",

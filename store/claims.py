@@ -33,6 +33,12 @@ a test injects one, replaces it.
 ``force=True`` (the inline overflow fallback) always claims: it raises the epoch under any live
 lease, so an in-flight background fold of the same session fails its commit as stale.
 
+**Batch folds** (:mod:`.batches`): a fold waiting on a provider's batch API keeps its claim, its
+lease running to the batch's deadline, so a claim without ``force`` finds it live
+(``newer-claim``) and never takes it over as abandoned before then. A claim that does take it
+(forced, or past the deadline) clears the session's batch mark: the batch's answer commits
+nothing.
+
 **Abandoned claims.** A claim whose lease expired while ``claimed_by`` is still set was never
 finished: its worker died mid-fold (or the store was unreachable when it tried to write). Every
 claim that takes such a claim over counts it in ``sessions.abandoned_folds``; a committed fold,
@@ -64,6 +70,7 @@ from .sessions import lock_session, update_session
 
 __all__ = [
     "DEFAULT_LEASE_S",
+    "NO_BATCH",
     "check_incarnation",
     "check_job_id",
     "claim_locked",
@@ -71,6 +78,10 @@ __all__ = [
     "committed_fold_record",
     "earlier_incarnation",
 ]
+
+#: The session row's batch mark, cleared (see :mod:`.batches`): whoever takes or releases the
+#: claim a batch fold waits under ends its wait.
+NO_BATCH: Mapping[str, Any] = {"batch": None, "batch_deadline": None}
 
 #: Longer than a fold job may run (the workers' task time limit), shorter than a broker's
 #: visibility timeout, so a killed job's session is free again before its message is redelivered.
@@ -189,7 +200,7 @@ def claim_session(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: in
             # and claim nothing: the caller gives the session up.
             epoch = row.fold_epoch + 1
             ended = {"fold_epoch": epoch, "claimed_by": None, "claim_expires_at": None,
-                     "abandoned_folds": abandoned, "updated_at": now}
+                     "abandoned_folds": abandoned, "updated_at": now, **NO_BATCH}
             update_session(conn, sid, ended)
             return Claim(status="abandoned", session_id=sid, job_id=job_id, epoch=epoch,
                          revision=row.revision, incarnation=row.incarnation,
@@ -199,8 +210,10 @@ def claim_session(conn: Connection, sid: str, job_id: str, *, enqueued_epoch: in
                 {**row._mapping, **ended}
     epoch = row.fold_epoch + 1
     expires = now + timedelta(seconds=float(lease_s))
+    # A fold that waited on a batch under the claim taken here waits no more: its collection
+    # finds the claim gone and commits nothing (the new epoch fences it off as well).
     claimed = {"fold_epoch": epoch, "claimed_by": job_id, "claim_expires_at": expires,
-               "abandoned_folds": abandoned, "updated_at": now}
+               "abandoned_folds": abandoned, "updated_at": now, **NO_BATCH}
     update_session(conn, sid, claimed)
     return Claim(status="claimed", session_id=sid, job_id=job_id, epoch=epoch,
                  revision=row.revision, incarnation=row.incarnation, holder=job_id,

@@ -19,7 +19,8 @@ A fold commit is one short transaction under the session row lock:
    session + seq range), the record and the refusal latches; under ``retain="discard"``
    blank the folded ledger rows and take them out of the search index;
 6. bump the revision, fence usage reports older than it, take ``record.tokens_after`` as the
-   measured size, clear the claim.
+   measured size, clear the claim (and the batch mark of a fold that waited on a batch API
+   under it: :mod:`.batches`).
 
 A lost race rolls all of that back and writes only the visit's record (outcome ``stale``) in a
 transaction of its own, then raises :class:`~sessionfold.core.errors.StaleSpanError`. A plan made
@@ -50,7 +51,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.dml import ReturningDelete
 
-from .claims import committed_fold_record, earlier_incarnation
+from .claims import NO_BATCH, committed_fold_record, earlier_incarnation
 from .codec import encode_message
 from .notify import notify_window_change
 from .results import StoredRecord, StoredSpan
@@ -259,8 +260,11 @@ LAG_WEIGHT = 0.3
 def lag_calls(record: CompactionRecord, appended: int) -> float | None:
     """The calls a background fold (a ``threshold`` or ``idle`` visit) took to land, from the
     messages ``appended`` while it ran: two a call (the model's reply and what answers it).
-    None for an inline fold: it runs on the agent's path and tells nothing of a worker's lag."""
+    None for an inline fold: it runs on the agent's path and tells nothing of a worker's lag;
+    nor for one that waited on a batch API (its wait was the batch's, chosen for the price)."""
     if record.forced or record.trigger not in ("threshold", "idle"):
+        return None
+    if record.economics and record.economics.get("batch"):
         return None
     return max(0, appended) / 2
 
@@ -364,7 +368,7 @@ def commit_locked(conn: Connection, sid: str, prepared: PreparedFold, *, epoch: 
         current_tokens=current_tokens(
             measured_tokens=measured, pending_tokens=pending, system_tokens=row.system_tokens,
             window_tokens=window_tokens, calibration=Calibration.model_validate(row.calibration)),
-        claimed_by=None, claim_expires_at=None, abandoned_folds=0,
+        claimed_by=None, claim_expires_at=None, abandoned_folds=0, **NO_BATCH,
         last_visit_outcome=prepared.record.outcome,
         last_visit_tokens=prepared.record.measured_tokens, last_visit_at=now, updated_at=now,
         **_next_trigger(policy, prepared.record),
@@ -410,7 +414,7 @@ def record_visit_locked(conn: Connection, sid: str, record: CompactionRecord, *,
     ours = gone is None and incarnation is not None and job_id is not None \
         and row.claimed_by == job_id and epoch == row.fold_epoch
     if ours:
-        values.update(claimed_by=None, claim_expires_at=None, abandoned_folds=0)
+        values.update(claimed_by=None, claim_expires_at=None, abandoned_folds=0, **NO_BATCH)
     update_session(conn, sid, values)
     return record_id, row.revision, gone
 

@@ -16,6 +16,7 @@ from sessionfold.core.window import CompactionRecord, FoldedSpan, WindowItem
 
 __all__ = [
     "AppendResult",
+    "BatchMark",
     "Claim",
     "ClaimStatus",
     "CommitResult",
@@ -107,6 +108,9 @@ class SessionInfo:
     calls: int = 0
     #: A running mean of the calls made while a background fold ran (None: none landed yet).
     fold_lag_calls: float | None = None
+    #: A fold of this session waiting on a provider's batch API (None: none waits). While it
+    #: waits it holds the session's claim, and no other background fold is planned.
+    batch: BatchMark | None = None
 
     @property
     def gate(self) -> SessionGate:
@@ -127,6 +131,44 @@ class SessionInfo:
         warnings.warn("SessionInfo.over_budget is deprecated: it says whether the session is "
                       "over its trigger; read over_trigger", DeprecationWarning, stacklevel=2)
         return self.over_trigger
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMark:
+    """A fold waiting on a provider's batch API, as the session row keeps it
+    (:attr:`SessionInfo.batch`; written by :meth:`SessionStore.hold_for_batch
+    <sessionfold.store.store.SessionStore.hold_for_batch>`).
+
+    ``job_id`` and ``epoch`` name the claim the fold holds while it waits (its commit must
+    still match them); ``provider``, ``batch_id`` and ``custom_id`` where its answer is;
+    ``deadline`` when it stops waiting. ``plan`` is the runtime's: what the visit is made
+    again with once the answer is in; the store keeps it as given.
+    """
+
+    provider: str
+    batch_id: str
+    custom_id: str
+    job_id: str
+    epoch: int
+    trigger: str
+    submitted_at: datetime
+    deadline: datetime
+    plan: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"provider": self.provider, "batch_id": self.batch_id,
+                "custom_id": self.custom_id, "job_id": self.job_id, "epoch": self.epoch,
+                "trigger": self.trigger, "submitted_at": self.submitted_at.isoformat(),
+                "deadline": self.deadline.isoformat(), "plan": dict(self.plan)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BatchMark:
+        return cls(provider=str(data["provider"]), batch_id=str(data["batch_id"]),
+                   custom_id=str(data["custom_id"]), job_id=str(data["job_id"]),
+                   epoch=int(data["epoch"]), trigger=str(data["trigger"]),
+                   submitted_at=datetime.fromisoformat(str(data["submitted_at"])),
+                   deadline=datetime.fromisoformat(str(data["deadline"])),
+                   plan=dict(data.get("plan") or {}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ __all__ = [
     "window_items",
 ]
 
-SCHEMA_REVISION = "0008"
+SCHEMA_REVISION = "0009"
 VERSION_TABLE = "sessionfold_schema_version"
 
 
@@ -136,7 +136,14 @@ sessions = sa.Table(
     # A running mean of the calls made while a background fold ran (claim to commit); NULL
     # until one has landed. The planner folds that much earlier.
     sa.Column("fold_lag_calls", sa.Float, nullable=True),
+    # A fold waiting on a provider's batch API (the runtime's document: provider, batch id, the
+    # claim it holds, what its visit is made again with); NULL when none waits. Cleared with
+    # the claim: by the fold's commit or recorded visit, or by a claim that takes it over.
+    sa.Column("batch", JSONDoc, nullable=True),
+    # When that fold stops waiting for its batch; the sweep finds pending folds by it.
+    sa.Column("batch_deadline", UTCDateTime, nullable=True),
 )
+sa.Index("ix_sessions_batch_deadline", sessions.c.batch_deadline)
 # The scheduler's sweep: "current_tokens > trigger_tokens and not paused", most over first. An
 # index on the difference makes it one index range scan on both backends.
 sa.Index(

@@ -21,7 +21,7 @@ from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import Calibration, TokenCounter
 from sqlalchemy.engine import Connection, Row
 
-from .results import SessionInfo
+from .results import BatchMark, SessionInfo
 from .schema import (
     append_keys,
     compaction_records,
@@ -183,6 +183,7 @@ def session_info(row: Row[Any] | Mapping[str, Any]) -> SessionInfo:
         abandoned_folds=m["abandoned_folds"],
         calls=m["calls"],
         fold_lag_calls=m["fold_lag_calls"],
+        batch=BatchMark.from_json(m["batch"]) if m["batch"] is not None else None,
     )
 
 
@@ -228,7 +229,7 @@ def set_paused(conn: Connection, sid: str, paused: bool, *,
         if row.claimed_by is not None and (row.claim_expires_at is None
                                            or row.claim_expires_at <= now):
             values.update(claimed_by=None, claim_expires_at=None,
-                          fold_epoch=row.fold_epoch + 1)
+                          fold_epoch=row.fold_epoch + 1, batch=None, batch_deadline=None)
     update_session(conn, sid, values)
 
 

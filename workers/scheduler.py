@@ -94,6 +94,16 @@ with a cold cache and folds only if that pays (``would-not-pay`` otherwise). Eac
 the set when the sweep has looked at it, and comes back with its next call: one idle visit per
 idle gap.
 
+The sweep also looks after batch folds (a fold waiting on a provider's batch API,
+:mod:`sessionfold.runtime.batch_folds`): such a session is never planned again while it waits
+(:func:`skip_reason`: ``batch-pending``). Each waiting fold's ticket is in its partition's
+pending set (:mod:`.pending_batches`; the sweep puts back the ticket of every batch mark the
+store holds, so the set survives Redis losing it); for each ticket due, under the session's
+fold lock, the sweep enqueues a look at the batch (``collect``, the Celery app's
+``make_collect``) and pushes the next one ``batch_poll_interval_s`` on. A session that grew
+past its policy's trigger while its fold waited is looked at at once (its fold stops waiting).
+It sets ``batch_folds_pending`` to the waiting folds it saw.
+
 The sweep also applies the store's retention rules (:meth:`SessionStore.prune
 <sessionfold.store.store.SessionStore.prune>`, ``Settings.retention_rules()``) at most every
 ``prune_interval_s``, on one scheduler only: the one holding partition 0's lease (while that
@@ -117,11 +127,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from sessionfold.core.errors import SessionfoldError, SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import supersedes
+from sessionfold.runtime.batch_folds import BatchTicket
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.metrics import Metrics, metrics
 from sessionfold.runtime.redis_conn import RedisClient, is_cluster, mapped_errors
@@ -138,9 +149,11 @@ from sessionfold.store.store import SessionStore
 
 from .locks import FoldLock
 from .partitions import PartitionLeases
+from .pending_batches import PendingBatches
 from .usage_consumer import StreamEntry, UsageConsumer
 
-__all__ = ["BatchStats", "Enqueue", "Scheduler", "install_signal_handlers", "skip_reason"]
+__all__ = ["BatchStats", "Collect", "Enqueue", "Scheduler", "install_signal_handlers",
+           "skip_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +217,14 @@ return table.concat(out)
 """
 
 
+class Collect(Protocol):
+    """Puts one look at a batch fold's batch on the queue (the ticket's JSON,
+    :class:`~sessionfold.runtime.batch_folds.BatchTicket`) and returns its job id; the job
+    releases the session's fold lock with ``lock_token`` when it ends."""
+
+    def __call__(self, ticket: dict[str, Any], lock_token: str | None) -> str: ...
+
+
 class Enqueue(Protocol):
     """Puts one fold job on the queue and returns its job id.
 
@@ -246,6 +267,8 @@ class BatchStats:
     pruned: PruneReport | None = None
     #: The partitions this scheduler owned after the batch's lease refresh (None: no refresh).
     partitions: frozenset[int] | None = None
+    #: Looks at batch folds' batches enqueued by the sweep, by session (job ids).
+    collecting: dict[str, str] = field(default_factory=dict)
 
 
 def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
@@ -259,6 +282,8 @@ def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
     """
     if info.paused:
         return "paused"
+    if info.batch is not None:
+        return "batch-pending"  # its fold waits on a batch API, under its claim
     if trigger == "idle":
         return None if info.policy.over_idle_trigger(info.current_tokens) else "under-idle-trigger"
     if not past_trigger(info.current_tokens, info.trigger_tokens):
@@ -276,10 +301,14 @@ class Scheduler:
 
     def __init__(self, settings: Settings, store: SessionStore, client: RedisClient,
                  enqueue: Enqueue, *, consumer_name: str | None = None,
-                 metrics_: Metrics | None = None, clock: Callable[[], float] = time.time) -> None:
+                 metrics_: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 collect: Collect | None = None) -> None:
         self.settings = settings
         self.store = store
         self.keys = Keys.from_settings(settings)
+        #: Enqueues looks at batch folds' batches (None: the sweep looks at none).
+        self._collect = collect
+        self.pending_batches = PendingBatches(client, self.keys)
         self._metrics = metrics_ or metrics()
         # Agents' inline folds arrive on the same stream; the group hands each to one scheduler.
         # No partition is read before its lease is held (the first batch takes them).
@@ -536,6 +565,7 @@ class Scheduler:
                      for info in self.store.paused_over_budget(limit=10_000))
         self._metrics.set_sessions_over_budget(past_budget, paused=paused)
         self._sweep_idle(owned, stats)
+        self._sweep_batches(owned, stats)
         try:
             self.consumer.prune_consumers(idle_ms=self.settings.scheduler_claim_idle_ms * 10)
         except SessionfoldError as exc:
@@ -564,6 +594,45 @@ class Scheduler:
             if seen:
                 with mapped_errors("forgetting the idle sessions seen"):
                     self._client.zrem(key, *seen)
+
+    def _sweep_batches(self, owned: frozenset[int], stats: BatchStats) -> None:
+        """Enqueue a look at each batch fold's batch that is due (see the module doc)."""
+        if self._collect is None:
+            return
+        now = self._clock()
+        poll_s = self.settings.batch_poll_interval_s
+        waiting = 0
+        # The session rows are the truth: every mark's ticket goes (back) into the pending set,
+        # due at once when its session outgrew its trigger while it waited.
+        for info in self.store.pending_batches(limit=IDLE_SWEEP_LIMIT):
+            if self.keys.partition_of(info.id) not in owned or info.batch is None:
+                continue
+            waiting += 1
+            urgent = info.current_tokens > info.policy.trigger_tokens
+            ticket = BatchTicket(info.id, info.incarnation, info.batch.job_id,
+                                 info.batch.provider, info.batch.batch_id)
+            self.pending_batches.add(ticket, now if urgent else now + poll_s, sooner=urgent)
+        self._metrics.set_batches_pending(waiting)
+        for partition in sorted(owned):
+            for ticket in self.pending_batches.due(partition, now, IDLE_SWEEP_LIMIT):
+                self._try_collect(ticket, now + poll_s, stats)
+
+    def _try_collect(self, ticket: BatchTicket, next_look: float, stats: BatchStats) -> None:
+        """Enqueue one look at ``ticket``'s batch under the session's fold lock."""
+        assert self._collect is not None
+        sid = ticket.session_id
+        token = self.lock.acquire(sid)
+        if token is None:
+            stats.skipped[sid] = "job-pending"  # looked at again at the next sweep
+            return
+        try:
+            job_id = self._collect(ticket.to_json(), token)
+        except Exception:
+            log.exception("could not enqueue a look at batch %s of %r", ticket.batch_id, sid)
+            self.lock.release(sid, token)
+            return
+        self.pending_batches.push_back(ticket, next_look)
+        stats.collecting[sid] = job_id
 
     def _prune(self, owned: frozenset[int]) -> PruneReport | None:
         """Apply the retention rules if due here (see the module doc); what was deleted."""

@@ -45,19 +45,29 @@
 
 The task returns :meth:`FoldReport.to_json` (session, outcome, tokens, spans…): Flower shows it
 in the task list beside the arguments, so every fold is visible with its session and outcome.
+
+With ``batch_folds`` on, a fold that can wait is sent to the provider's batch API instead
+(outcome ``batch-pending``, the batch in the result's ``batch``): its ticket goes into the
+partition's pending set, and a collection job (:mod:`.batch_tasks`) lands it later.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
 from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
-from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
+from sessionfold.core.errors import (
+    InvalidInputError,
+    RedisUnavailableError,
+    SessionNotFoundError,
+)
 from sessionfold.core.window import Trigger
+from sessionfold.runtime.batch_folds import BatchTicket
 from sessionfold.runtime.faults import fault_point
 from sessionfold.runtime.fold_procedure import FoldJob, FoldReport, run_fold, store_job_id
 from sessionfold.runtime.metrics import metrics
@@ -65,6 +75,7 @@ from sessionfold.runtime.prices import summarizer_cost_usd
 from sessionfold.runtime.redis_conn import mapped_errors
 
 from .locks import FoldLock
+from .pending_batches import PendingBatches
 from .runtime import WorkerRuntime, runtime_of
 
 __all__ = ["FOLD_TASK", "fold_session", "register", "retry_countdown"]
@@ -140,6 +151,8 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
     if report.outcome == "dead-lettered":
         meter.record_dead_letter("worker-lost" if report.claim == "abandoned"
                                  else "max-attempts")
+    if report.batch_event is not None:
+        _batch_sent(runtime, report)
     if report.retry_error is not None:
         _retry_or_give_up(task, runtime, job, report, lock, lock_token, attempts_key)
     fault_point("after-commit")
@@ -208,6 +221,8 @@ def _after_own_lease(task: Any, runtime: WorkerRuntime, job: FoldJob, report: Fo
     holder = info.claimed_by
     if holder is None or info.claim_expires_at is None:
         return
+    if info.batch is not None:
+        return  # the claim waits on a batch: its collection lands it, not a retry of this job
     if holder != request.id and not holder.startswith(f"{request.id}~r"):
         return  # another task's claim: a newer job's, and it is theirs to finish
     if holder == job.job_id and not _redelivered(request):
@@ -230,11 +245,28 @@ def _after_own_lease(task: Any, runtime: WorkerRuntime, job: FoldJob, report: Fo
 
 
 def _fold(runtime: WorkerRuntime, job: FoldJob) -> FoldReport:
-    """Run the shared procedure with this worker's guarded summarizer (slots, spend cap); the
-    soft time limit ends the visit as the procedure's ``out_of_time`` (a recorded visit, a
-    retry)."""
+    """Run the shared procedure with this worker's guarded summarizer (slots, spend cap) and,
+    with ``batch_folds`` on, its provider's batch API; the soft time limit ends the visit as
+    the procedure's ``out_of_time`` (a recorded visit, a retry)."""
     return run_fold(runtime.store, runtime.summarizer, job, pricing=runtime.pricing,
-                    out_of_time=(SoftTimeLimitExceeded,))
+                    out_of_time=(SoftTimeLimitExceeded,), batch=runtime.batch)
+
+
+def _batch_sent(runtime: WorkerRuntime, report: FoldReport) -> None:
+    """Count what became of a batch fold's batch; a batch sent goes into its partition's
+    pending set, first looked at after one poll interval (see :mod:`.pending_batches`)."""
+    assert report.batch_event is not None and report.batch is not None
+    metrics().record_batch(report.batch_event)
+    if report.batch_event != "submitted":
+        return
+    ticket = BatchTicket.from_json(report.batch)
+    try:
+        PendingBatches(runtime.redis, runtime.keys).add(
+            ticket, time.time() + runtime.settings.batch_poll_interval_s)
+    except RedisUnavailableError as exc:
+        # The session row's mark stays the truth: the sweep adds the ticket back from it.
+        log.warning("could not remember batch %s of %s: %s", ticket.batch_id,
+                    ticket.session_id, exc)
 
 
 def _give_up(runtime: WorkerRuntime, job: FoldJob, deliveries: int, reason: str) -> FoldReport:

@@ -55,6 +55,9 @@ class SummarizerCall:
     #: The sleep as measured, divided by the time scale (a loaded machine oversleeps).
     measured_s: float
     on_agent_thread: bool
+    #: Answered through a provider's batch API (billed at its batch rate, never on the agent's
+    #: path: the provider answers it while the agent goes on).
+    batch: bool = False
 
 
 @dataclass
@@ -70,7 +73,7 @@ class FakeSummarizer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def summarize(self, prompt: str, material: str, *, input_tokens: int | None = None,
-                  must_keep: Sequence[str] = ()) -> str:
+                  must_keep: Sequence[str] = (), batch: bool = False) -> str:
         """Summarize ``material``, the conversation part of ``prompt`` (the whole text the
         system sends its summarizer model, instruction included).
 
@@ -78,6 +81,7 @@ class FakeSummarizer:
         counted with its framing); otherwise the prompt text is counted here. ``must_keep``:
         identifiers the prompt asks the summary to keep; they are listed first, within the
         same ``SUMMARY_TOKENS`` cap as everything else (a real summary has a length too).
+        ``batch``: the call is a batch API's (see :class:`SummarizerCall`).
         """
         n_in = self.counter.text(prompt, cache=False) if input_tokens is None else input_tokens
         text = digest_summary(material, SUMMARY_TOKENS, counter=self.counter,
@@ -89,7 +93,8 @@ class FakeSummarizer:
             input_tokens=n_in, output_tokens=self.counter.text(text, cache=False),
             seconds=SUMMARIZER_SECONDS,
             measured_s=elapsed / self.time_scale if self.time_scale > 0 else 0.0,
-            on_agent_thread=threading.get_ident() == self.agent_thread,
+            on_agent_thread=threading.get_ident() == self.agent_thread and not batch,
+            batch=batch,
         )
         with self._lock:
             self.calls.append(call)

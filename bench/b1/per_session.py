@@ -12,8 +12,9 @@ request, needed-context recall without the tool, and the summarizer's share of t
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .prices import PRICES, Prices
 from .replay import RequestRecord, SystemRun
@@ -63,21 +64,18 @@ def per_session(runs: Sequence[SystemRun], prices: Prices = PRICES) -> list[Sess
                                                for r in t.requests for n, c in _sent(r))
     found: list[SessionFigures] = []
     for run in runs:
-        spent: dict[str, tuple[int, int]] = {}
+        calls: dict[str, list[Mapping[str, Any]]] = {}
         for call in run.summarizer_calls:
-            tin, tout = spent.get(str(call["transcript"]), (0, 0))
-            spent[str(call["transcript"])] = (tin + int(call["input_tokens"]),
-                                              tout + int(call["output_tokens"]))
+            calls.setdefault(str(call["transcript"]), []).append(call)
         for t in run.transcripts:
             base = none.get((run.budget, t.id))
             if base is None:
                 continue
             sent = [pair for r in t.requests for pair in _sent(r)]
-            s_in, s_out = spent.get(t.id, (0, 0))
             found.append(SessionFigures(
                 system=run.system, budget=run.budget, transcript=t.id, calls=len(t.requests),
                 agent_dollars=sum(prices.request_dollars(n, c) for n, c in sent),
-                summarizer_dollars=prices.summarizer_dollars(s_in, s_out) if s_in else 0.0,
+                summarizer_dollars=prices.calls_dollars(calls.get(t.id, [])),
                 none_dollars=base, over_budget=sum(n > run.budget for n, _ in sent),
                 peak=max((n for n, _ in sent), default=0),
                 needed=sum(r.needed for r in t.requests),

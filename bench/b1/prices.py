@@ -7,7 +7,9 @@ project's process, when the report is made.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sessionfold.core.prices import ModelPrices, prices_for, summarizer_dollars
 from sessionfold.core.usage import CallTokens
@@ -34,9 +36,18 @@ class Prices:
         (5-minute lifetime)."""
         return self.agent.cost(CallTokens.predicted(read=cached, written=tokens - cached)).total
 
-    def summarizer_dollars(self, input_tokens: int, output_tokens: int) -> float:
-        return summarizer_dollars(self.summarizer, input_tokens=input_tokens,
-                                  output_tokens=output_tokens)
+    def summarizer_dollars(self, input_tokens: int, output_tokens: int, *,
+                           batch: bool = False) -> float:
+        """Summarizer calls of these tokens; ``batch``: answered through the provider's batch
+        API, at its batch rate (half, for Haiku)."""
+        prices = self.summarizer.batched() if batch else self.summarizer
+        return summarizer_dollars(prices, input_tokens=input_tokens, output_tokens=output_tokens)
+
+    def calls_dollars(self, calls: Iterable[Mapping[str, Any]]) -> float:
+        """The summarizer calls a run recorded (``SystemRun.summarizer_calls``), each at its
+        rate."""
+        return sum(self.summarizer_dollars(int(c["input_tokens"]), int(c["output_tokens"]),
+                                           batch=bool(c.get("batch", False))) for c in calls)
 
 
 PRICES = Prices()

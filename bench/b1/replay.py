@@ -475,6 +475,10 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
             if message["role"] == "assistant":
                 k = len(record.requests)
                 if k in gaps:
+                    # A session that acts on idle time (the simulated clock's scheduler) is told.
+                    told = getattr(session, "idle", None)
+                    if callable(told):
+                        told(gaps[k])
                     agent.idle(gaps[k], sleep=sleeps)
                 record.requests.append(agent.step(k, gaps.get(k, 0.0)))
             session.append(message)
@@ -490,5 +494,6 @@ def replay(system: System, transcripts: Sequence[Transcript], budget: int, *,
                 "transcript": transcript.id, "input_tokens": call.input_tokens,
                 "output_tokens": call.output_tokens, "seconds": call.seconds,
                 "measured_s": round(call.measured_s, 3),
-                "on_agent_thread": call.on_agent_thread})  # priced by the report (b1.prices)
+                "on_agent_thread": call.on_agent_thread,
+                "batch": call.batch})  # priced by the report (b1.prices)
     return run

@@ -148,7 +148,7 @@ def totals(run: SystemRun, prices: Prices = PRICES) -> Totals:
         retrievable=all(t.retrievable for t in run.transcripts),
         cached=sum(c for _, c in sent), prefix_breaks=breaks,
         agent_dollars=sum(prices.request_dollars(n, c) for n, c in sent),
-        summarizer_dollars=prices.summarizer_dollars(s_in, s_out),
+        summarizer_dollars=prices.calls_dollars(calls),
         wall_s=sum(t.wall_s for t in run.transcripts),
         needed=recall.needed, present=recall.present, calls_after=recall.calls_after,
         needed_after=recall.needed_after, present_after=recall.present_after,

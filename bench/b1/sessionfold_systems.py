@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx2
+from sessionfold.cli.standin.batches import BatchDesk
 from sessionfold.core.clip import clip_oversized
 from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.messages import Message, parse_message
@@ -50,6 +51,7 @@ __all__ = [
     "CONTEXT_WINDOW",
     "SessionfoldBackground",
     "SessionfoldInline",
+    "batch_desk",
     "describe_policy",
     "fake_summarizer",
     "make_policy",
@@ -77,15 +79,17 @@ def summarizer_material(content: str) -> str:
     return _prompt(content).material
 
 
-def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[str, Any]:
+def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any], *,
+                       batch: bool = False) -> dict[str, Any]:
     """The Messages API answer of the fake summarizer to a ``messages.create`` body: the digest
     of the material, the identifiers the request asks it to keep (``must_keep``) listed first
     -- as a model following the instruction would -- but all within the digest's 300-token cap:
-    a span denser in identifiers than a summary can hold loses some, as it would with a model."""
+    a span denser in identifiers than a summary can hold loses some, as it would with a model.
+    ``batch``: the body came in a Message Batch (the call is billed at the batch rate)."""
     content = "\n\n".join(str(m["content"]) for m in body["messages"])
     prompt = "\n\n".join([str(body.get("system", "")), content])
     parts = _prompt(content)
-    text = fake.summarize(prompt, parts.material, must_keep=list(parts.must_keep))
+    text = fake.summarize(prompt, parts.material, must_keep=list(parts.must_keep), batch=batch)
     return {"id": "msg_b1", "type": "message", "role": "assistant", "model": body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
             "stop_sequence": None,
@@ -93,13 +97,35 @@ def messages_api_reply(fake: FakeSummarizer, body: Mapping[str, Any]) -> dict[st
                       "output_tokens": fake.counter.text(text, cache=False)}}
 
 
-def fake_summarizer(fake: FakeSummarizer) -> AnthropicSummarizer:
-    """sessionfold's own summarizer, answered by the shared fake through a mock transport."""
-    transport = httpx2.MockTransport(lambda request: httpx2.Response(
-        200, json=messages_api_reply(fake, json.loads(request.content))))
+def fake_summarizer(fake: FakeSummarizer, *,
+                    batches: BatchDesk | None = None) -> AnthropicSummarizer:
+    """sessionfold's own summarizer, answered by the shared fake through a mock transport.
+
+    ``batches``: Message Batches as well, served by the stand-in's batch desk (made with
+    :func:`batch_desk`), whose batched requests the fake answers as batch calls."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if batches is not None and batches.owns(request.url.path):
+            answer = batches.handle(request.method, request.url.path, request.content,
+                                    request.headers.get("content-type"))
+            return httpx2.Response(answer.status, content=answer.content,
+                                   headers={"content-type": answer.content_type})
+        return httpx2.Response(200, json=messages_api_reply(fake, json.loads(request.content)))
+
     return AnthropicSummarizer(api_key="b1-fake", base_url="http://b1.invalid",
-                               http_client=httpx2.Client(transport=transport),
+                               http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
                                model=SUMMARIZER_MODEL)
+
+
+def batch_desk(fake: FakeSummarizer, *, delay_s: float,
+               clock: Callable[[], float]) -> BatchDesk:
+    """The stand-in's batch APIs in front of the fake summarizer: a batch ends ``delay_s`` (on
+    ``clock``) after it was sent, its requests answered then as batch calls."""
+
+    def answer(path: str, body: Mapping[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
+        return 200, {}, messages_api_reply(fake, body, batch=True)
+
+    return BatchDesk(answer, delay_s=delay_s, clock=clock)
 
 
 def _commit(items: list[WindowItem], edit: FoldEdit) -> list[WindowItem]:

@@ -37,7 +37,7 @@ from sessionfold.runtime.keys import FOLD_QUEUE, Keys
 from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings, redact_url
 from sessionfold.runtime.wiring import open_store, redis_url_for
-from sessionfold.workers.celery_app import make_celery, make_enqueue
+from sessionfold.workers.celery_app import make_celery, make_collect, make_enqueue
 from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
 
 from ..replay import ReplayOptions, format_table, load_files, replay
@@ -185,8 +185,9 @@ def _scheduler(args: argparse.Namespace) -> int:
         exporter = start_host_metrics(settings, "scheduler")
         client = redis_client(url)
         try:
-            scheduler = Scheduler(settings, store, client, make_enqueue(make_celery(
-                settings, redis_url=url)))
+            app = make_celery(settings, redis_url=url)
+            scheduler = Scheduler(settings, store, client, make_enqueue(app),
+                                  collect=make_collect(app))
             print(f"sessionfold scheduler: reading the usage streams of "
                   f"{Keys.from_settings(settings).partitions} partitions on {redact_url(url)}",
                   flush=True)

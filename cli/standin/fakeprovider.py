@@ -64,6 +64,10 @@ What makes it useful rather than a stub:
   Its prompt cache is OpenAI's, automatic: the longest prefix of messages seen before (of at
   least 1,024 tokens, in steps of 128) is reported as cached. Too long is OpenAI's 400
   ``context_length_exceeded``.
+- **Both batch APIs** (``provider.batches``, :mod:`.batches`): Anthropic's Message Batches and
+  OpenAI's Batch API with its Files API, each batched request answered as a live one would be
+  (faults included) once ``provider.batches.delay_s`` has passed; ``provider.batches.script(
+  "expired")`` makes the next batch expire (or be ``cancelled``, or ``failed``).
 
 Example::
 
@@ -108,6 +112,8 @@ from sessionfold.core.openai_shape import from_openai
 from sessionfold.core.retention import find_identifiers
 from sessionfold.core.tokens import IMAGE_TOKENS
 from sessionfold.runtime.providers.prompt import parse_prompt
+
+from .batches import BatchDesk
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -377,6 +383,8 @@ class FakeProvider:
         self._gate = threading.Event()
         self._gate.set()
         self.hold_timeout_s = 60.0
+        #: Both batch APIs in front of this provider (:mod:`.batches`).
+        self.batches = BatchDesk(self.handle)
 
     # --- scripting ----------------------------------------------------------------------------
 
@@ -615,6 +623,12 @@ class FakeProvider:
         return create(**params)  # type: ignore[no-any-return]
 
     def _mock_handler(self, request: httpx2.Request) -> httpx2.Response:
+        if self.batches.owns(request.url.path):
+            batch = self.batches.handle(request.method, request.url.path, request.content,
+                                        request.headers.get("content-type"))
+            return httpx2.Response(batch.status, content=batch.content, headers={
+                **batch.headers, "content-type": batch.content_type,
+                "request-id": _request_id()})
         answer = self.answer(request.url.path, json.loads(request.content or b"{}"))
         return httpx2.Response(answer.status, content=answer.content(), headers={
             **answer.headers, "content-type": answer.content_type, "request-id": _request_id()})
@@ -663,9 +677,29 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
         # HTTP/1.1 with Content-Length on every answer: the SDK keeps connections alive.
         protocol_version = "HTTP/1.1"
 
+        def do_GET(self) -> None:
+            if not provider.batches.owns(self.path):
+                self._answer(404, {}, {"type": "error", "error": {
+                    "type": "not_found_error", "message": f"no route {self.path}"}})
+                return
+            self._batch("GET", b"")
+
+        def _batch(self, method: str, raw: bytes) -> None:
+            answer = provider.batches.handle(method, self.path, raw,
+                                             self.headers.get("content-type"))
+            self.send_response(answer.status)
+            self.send_header("content-type", answer.content_type)
+            self.send_header("content-length", str(len(answer.content)))
+            self.send_header("request-id", _request_id())
+            self.end_headers()
+            self.wfile.write(answer.content)
+
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b"{}"
+            if provider.batches.owns(self.path):
+                self._batch("POST", raw)
+                return
             try:
                 request = json.loads(raw)
             except json.JSONDecodeError:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anthropic
 import httpx2
@@ -39,7 +39,10 @@ from .prompt import summary_prompt
 from .sdk_errors import SdkErrors
 from .sdk_errors import mapped_errors as sdk_mapped_errors
 
-__all__ = ["AnthropicSummarizer"]
+if TYPE_CHECKING:
+    from .anthropic_batches import AnthropicBatches
+
+__all__ = ["AnthropicSummarizer", "anthropic_errors"]
 
 _SDK = SdkErrors(api="the Anthropic API", timeout=anthropic.APITimeoutError,
                  connection=anthropic.APIConnectionError, status=anthropic.APIStatusError,
@@ -47,7 +50,7 @@ _SDK = SdkErrors(api="the Anthropic API", timeout=anthropic.APITimeoutError,
 
 
 @contextmanager
-def _mapped_errors() -> Iterator[None]:
+def anthropic_errors() -> Iterator[None]:
     """anthropic's exceptions as sessionfold's (:mod:`.sdk_errors`), and its one bare one."""
     try:
         with sdk_mapped_errors(_SDK):
@@ -76,7 +79,7 @@ class AnthropicSummarizer:
         check_options(client_and_pieces=client is not None and (
             api_key is not None or base_url is not None or http_client is not None),
             model=model, max_tokens=max_tokens, context_tokens=context_tokens, timeout=timeout)
-        with _mapped_errors():  # a broken credentials profile fails here, not at the first call
+        with anthropic_errors():  # a broken credentials profile fails here, not at the first call
             if client is None:
                 client = anthropic.Anthropic(api_key=api_key, base_url=base_url,
                                              http_client=http_client, max_retries=0,
@@ -91,6 +94,12 @@ class AnthropicSummarizer:
 
     def __repr__(self) -> str:
         return f"AnthropicSummarizer(model={self.model!r}, context_tokens={self.context_tokens})"
+
+    def batch_api(self) -> AnthropicBatches:
+        """Message Batches on this summarizer's client (:mod:`.anthropic_batches`)."""
+        from .anthropic_batches import AnthropicBatches
+
+        return AnthropicBatches(self._client, self, anthropic_errors)
 
     def build_request(self, messages: Sequence[Message], *, previous_summary: str | None = None,
                       must_keep: Sequence[str] = (), nonce: str | None = None) -> dict[str, Any]:
@@ -111,7 +120,7 @@ class AnthropicSummarizer:
             raise InvalidInputError("nothing to summarize: the span holds no messages")
         request = self.build_request(messages, previous_summary=previous_summary,
                                      must_keep=must_keep)
-        with _mapped_errors():
+        with anthropic_errors():
             response = self._client.messages.create(**request, timeout=self.timeout)
         return self.read_response(response)
 

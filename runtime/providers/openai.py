@@ -14,7 +14,8 @@ package is the ``sessionfold[openai]`` extra, imported only when the settings na
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import openai
@@ -36,7 +37,10 @@ from .options import check_options
 from .prompt import summary_prompt
 from .sdk_errors import SdkErrors, mapped_errors
 
-__all__ = ["OpenAISummarizer"]
+if TYPE_CHECKING:
+    from .openai_batches import OpenAIBatches
+
+__all__ = ["OpenAISummarizer", "openai_errors"]
 
 
 def _out_of_credit(exc: Any) -> bool:
@@ -47,6 +51,12 @@ def _out_of_credit(exc: Any) -> bool:
 _SDK = SdkErrors(api="the OpenAI-compatible API", timeout=openai.APITimeoutError,
                  connection=openai.APIConnectionError, status=openai.APIStatusError,
                  base=openai.OpenAIError, permanent=_out_of_credit)
+
+
+def openai_errors() -> AbstractContextManager[None]:
+    """openai's exceptions as sessionfold's (:mod:`.sdk_errors`), where this provider's calls
+    enter the SDK (its batch API's too)."""
+    return mapped_errors(_SDK)
 
 
 class OpenAISummarizer:
@@ -83,6 +93,13 @@ class OpenAISummarizer:
         where = str(self._client.base_url.copy_with(userinfo=b""))
         return (f"OpenAISummarizer(model={self.model!r}, base_url={where!r}, "
                 f"context_tokens={self.context_tokens})")
+
+    def batch_api(self) -> OpenAIBatches:
+        """The Batch API (with its Files API) on this summarizer's client
+        (:mod:`.openai_batches`)."""
+        from .openai_batches import OpenAIBatches
+
+        return OpenAIBatches(self._client, self, openai_errors)
 
     def build_request(self, messages: Sequence[Message], *, previous_summary: str | None = None,
                       must_keep: Sequence[str] = (), nonce: str | None = None) -> dict[str, Any]:

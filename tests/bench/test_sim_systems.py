@@ -18,6 +18,7 @@ from b1.baseline import NoCompaction  # noqa: E402
 from b1.counting import Counter  # noqa: E402
 from b1.fakes import FakeSummarizer  # noqa: E402
 from b1.per_session import per_session, summary  # noqa: E402
+from b1.prices import PRICES  # noqa: E402
 from b1.replay import replay  # noqa: E402
 from b1.sim_systems import SimSystem  # noqa: E402
 from b1.transcripts import Transcript, load_transcripts  # noqa: E402
@@ -113,3 +114,32 @@ def test_each_session_is_priced_against_its_own_no_compaction_run() -> None:
     row = next(line for line in table.splitlines() if "| sessionfold-sim |" in line)
     assert f"{sf.ratio:.3f}×" in row
     json.dumps([f.__dict__ for f in figures])  # plain data
+
+
+def test_a_fold_that_can_wait_goes_through_the_batch_api_and_is_billed_at_its_rate() -> None:
+    counter = Counter()
+    fake = FakeSummarizer(counter=counter, time_scale=0.0)
+    # An idle gap of ~58 minutes after call 16 (b1.idle's day for this transcript): the idle
+    # sweep's fold waits for a batch that ends 300 model seconds after it is sent.
+    system = SimSystem(fake, batch_delay_s=300.0, overrides={"idle_trigger_ratio": 0.1})
+    assert system.name == "sessionfold-sim-batch"
+    system.start()
+    try:
+        run_ = replay(system, [short_session(40)], BUDGET, time_scale=0.0, counter=counter,
+                      summarizer=fake, stress=False, idle=True)
+        assert system.deployment is not None
+        events = dict(system.deployment.batch_events)
+        reports = list(system.deployment.reports)
+    finally:
+        system.stop()
+    assert events.get("submitted", 0) >= 1 and events.get("collected", 0) >= 1
+    collected = [r for r in reports if r.batch_event == "collected"]
+    assert all(r.trigger == "idle" and r.outcome == "folded" for r in collected)
+    batched = [c for c in run_.summarizer_calls if c["batch"]]
+    assert batched and not any(c["on_agent_thread"] for c in batched)
+    tokens = [r.tokens for t in run_.transcripts for r in t.requests]
+    assert max(tokens) <= BUDGET
+    # The report bills a batch call at half Haiku's price.
+    call = batched[0]
+    listed = PRICES.summarizer_dollars(call["input_tokens"], call["output_tokens"])
+    assert PRICES.calls_dollars([call]) == pytest.approx(listed / 2)

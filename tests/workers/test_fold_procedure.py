@@ -212,7 +212,7 @@ def test_the_soft_time_limit_records_the_visit_releases_the_claim_and_retries(
     # summarizer call, which therefore never returns. The task hands it to the procedure as
     # its time limit (the procedure itself imports nothing of Celery).
     summarizer = ScriptedSummarizer(errors=[SoftTimeLimitExceeded()])
-    worker = SimpleNamespace(store=store, summarizer=summarizer, pricing=None)
+    worker = SimpleNamespace(store=store, summarizer=summarizer, pricing=None, batch=None)
     report = _fold(worker, FoldJob(SID, "task-9", lease_s=3600))  # type: ignore[arg-type]
     assert summarizer.calls == 1
     assert report.outcome == "refused" and report.refusals == ("summarizer-failed",)
