@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import UTC, datetime
+from typing import Literal
 
 from sessionfold.core.errors import (
     InvalidInputError,
@@ -35,9 +37,10 @@ from sessionfold.core.errors import (
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.summarizers import Summarizer
 from sessionfold.runtime.fold_procedure import FoldJob, FoldReport, run_fold
+from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.metrics import VisitCounts
 from sessionfold.runtime.prices import summarizer_cost_usd
-from sessionfold.runtime.redis_conn import EmbeddedRedis, RedisClient
+from sessionfold.runtime.redis_conn import EmbeddedRedis, RedisClient, mapped_errors
 from sessionfold.runtime.settings import Settings, env_name
 from sessionfold.runtime.summarizer_guard import SummarizerGuard
 from sessionfold.runtime.usage import FoldEvent, NudgeEvent, UsagePublisher
@@ -51,6 +54,7 @@ from sessionfold.runtime.wiring import (
     usage_publisher,
 )
 from sessionfold.store import SessionInfo, SessionStore
+from sessionfold.store.results import past_trigger
 
 from .call_plan import OverBudget, check_over_budget
 from .session import SessionHandle
@@ -58,6 +62,13 @@ from .session import SessionHandle
 __all__ = ["Client", "connect"]
 
 log = logging.getLogger(__name__)
+
+#: A background fold on its way to a session (:meth:`Client.background_fold`).
+FoldOnItsWay = Literal["pending", "expected"] | None
+#: How long a request past its line waits for an expected background fold (a scheduler owns
+#: the session's partition, but no job is queued yet) to be queued: a scheduler reads its
+#: stream in blocks of ``scheduler_block_ms`` (one second by default).
+EXPECTED_GRACE_S = 2.0
 
 
 class Client:
@@ -82,6 +93,7 @@ class Client:
         self._embedded = embedded
         self._guard: SummarizerGuard | None = None
         self._guard_redis: RedisClient | None = None
+        self._lock_redis: RedisClient | None = None
         self._lock = threading.Lock()
         self._summarizer_calls = 0
         self._inline_folds = 0
@@ -185,12 +197,73 @@ class Client:
                                              self.settings.price_table()))
             self.publisher.publish(FoldEvent(visit))  # never raises; buffers while Redis is away
 
+    # --- a background fold on its way ---------------------------------------------------------
+
+    def background_fold(self, info: SessionInfo, tokens: int) -> FoldOnItsWay:
+        """Whether a background fold of the session is on its way, for a request of ``tokens``:
+        ``"pending"`` when a worker holds a live claim on it or the scheduler's fold lock says a
+        job is queued or running; ``"expected"`` when none is yet but the request is past the
+        session's trigger and a scheduler owns the session's partition (it will enqueue one
+        as soon as it reads the report or nudge: an agent faster than the pipeline outruns it);
+        None otherwise: a fold waiting on a provider's batch API (its answer may take hours), a
+        paused session, no Redis to ask (no scheduler can have enqueued one), or a Redis that
+        does not answer (never raises: the caller folds inline instead of waiting)."""
+        if info.batch is not None:
+            return None
+        if (info.claimed_by is not None and info.claim_expires_at is not None
+                and info.claim_expires_at > datetime.now(UTC)):
+            return "pending"
+        if self.redis_url is None:
+            return None
+        with self._lock:
+            if self._lock_redis is None:
+                self._lock_redis = inline_redis_client(self.settings, self.redis_url)
+            conn = self._lock_redis
+        keys = Keys.from_settings(self.settings)
+        try:
+            with mapped_errors("reading a fold lock"):
+                if conn.exists(keys.fold_lock(info.id)):
+                    return "pending"
+                if (past_trigger(tokens, info.trigger_tokens, paused=info.paused)
+                        and conn.exists(keys.partition_lease(keys.partition_of(info.id)))):
+                    return "expected"
+        except RedisUnavailableError as exc:
+            log.debug("fold lock of %s unreadable (%s): not waiting for a background fold",
+                      info.id, exc)
+        return None
+
+    def await_window_change(self, session_id: str, revision: int, tokens: int,
+                            timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, for the window of ``session_id`` to move past
+        ``revision`` while a background fold is on its way for a request of ``tokens``
+        (:meth:`background_fold`; one only expected is waited for :data:`EXPECTED_GRACE_S` at
+        most, to appear). True: it moved (a fold landed, or anything else changed it); False:
+        nothing was on its way, or it did not land in time. Reads the session row, first every
+        20 ms, backing off to every 250 ms."""
+        started = time.monotonic()
+        deadline = started + max(0.0, timeout_s)
+        grace = started + min(EXPECTED_GRACE_S, max(0.0, timeout_s))
+        delay = 0.02
+        while True:
+            info = self.store.get_session(session_id)
+            if info.revision != revision:
+                return True
+            state = self.background_fold(info, tokens)
+            now = time.monotonic()
+            end = deadline if state == "pending" else grace
+            if state is None or now >= end:
+                return False
+            time.sleep(min(delay, end - now))
+            delay = min(0.25, delay * 2)
+
     def close(self) -> None:
         """Flush buffered usage, close connections, stop an embedded Redis this client started."""
         if self.publisher is not None:
             self.publisher.close()
         if self._guard_redis is not None:
             self._guard_redis.close()
+        if self._lock_redis is not None:
+            self._lock_redis.close()
         self.store.close()
         if self._embedded is not None:
             self._embedded.stop()

@@ -4,23 +4,36 @@ Before each request (the first, each recall round's, the retry after an overflow
 window goes through the pre-send guard (:mod:`sessionfold.core.guard`) with the call's plan.
 
 Under ``over_budget="cap"`` (the default) or ``"fold"``, a request past the guard's line (the
-budget less the margin) has the session folded inline first, through the workers' claim and
-commit, and the folded window is guarded again. A window that far past its trigger means the
-background fold is late (a slow summarizer, a long queue): shrinking the request alone would
-rewrite the prompt cache from an early item on this call and again when the late fold lands,
-and while the window keeps growing each call's shrink moves; one fold on the agent's path
-rewrites it once (B1 with folds landing six calls late, short sessions at 16k: 1.10x of no
-compaction with request-only shrinks, 0.91x folding inline; ten sessions above their own
-no-compaction cost, then six). An inline fold that changed
-nothing is not tried again by this handle until a fold lands (its refusal is recorded once,
-not once a call); the request then goes out as the guard's best shrink. A request still over
-after every stage raises
+budget less the margin) means the background fold is late (a slow summarizer, a long queue).
+Shrinking that request alone would rewrite the prompt cache from an early item on this call,
+again on each call while the shrink moves with the growing window, and once more when the late
+fold lands. So:
+
+1. while a background fold is on its way (a worker holds the session's claim, or the
+   scheduler's fold lock says a job is queued), the request waits for it, at most the settings'
+   ``guard_wait_s`` (15 s by default; counted in the handle's ``fold_waits`` and
+   ``fold_wait_s``): its summary is being written already. One only expected (past the
+   session's trigger, a scheduler owns its partition, no job queued yet: an agent faster than
+   the pipeline) is waited for two seconds at most, to be queued;
+2. if none is, or it does not land in time, the session is folded inline through the workers'
+   claim and commit (the inline claim wins over a late one; counted in ``cap_folds``);
+3. the new window is guarded again: what is still over is shrunk on the request alone (a fold
+   that just landed and left the window past the line folded what its protections allow: a
+   second one now would find nothing more, and is made only if the request cannot fit).
+
+B1, folds landing six calls late, 14 short task sessions at 16k: 1.10x of no compaction with
+request-only shrinks, 0.91x folding inline (sessions above their own no-compaction cost: ten,
+then four). An inline fold that changed nothing is not tried again by this handle until a fold
+lands (its refusal is recorded once, not once a call); the request then goes out as the
+guard's best shrink. A request still over after every stage raises
 :class:`~sessionfold.core.errors.BudgetExceededError` naming what cannot fit, before anything is
-sent. Under ``"shrink"`` a request the guard's stages bring under goes out so, shrunk on its own
-(no summarizer call on the agent's path; the cache is rewritten as said above), and only one
-they cannot is folded inline. Under ``"send"`` nothing is folded here: the best shrink goes out,
-counted and logged once. The guard itself writes nothing: the same window goes out as the same
-bytes.
+sent.
+
+Under ``"shrink"`` a request the guard's stages bring under goes out so, shrunk on its own (the
+agent never waits for a summarizer while its request fits; the cache is rewritten as said
+above); only one they cannot bring under waits or folds. Under ``"send"`` nothing waits or
+folds here: the best shrink goes out, counted and logged once. The guard itself writes nothing:
+the same window goes out as the same bytes.
 """
 
 from __future__ import annotations
@@ -57,6 +70,8 @@ class GuardedSession(Protocol):
     def fold_inline(self, *, trigger: Trigger = "overflow", target_tokens: int | None = None,
                     measured_tokens: int | None = None) -> FoldReport: ...
 
+    def await_background_fold(self, revision: int, tokens: int) -> bool: ...
+
 
 class RequestGuard:
     """The pre-send guard and the hard cap of one handle's requests, and their counts."""
@@ -80,12 +95,19 @@ class RequestGuard:
         if not plan.policy.guard:
             return self._render(window, None, plan)
         guarded = self._guard(window, plan, "clip-protected")
+        late = plan.over_budget != "send" and (guarded.outcome == "over-budget" or (
+            guarded.outcome == "guarded" and self._folds_when_past(plan)))
+        # Past the line: the background fold is late. While it is on its way, wait for it (its
+        # summary is being written already) rather than write another.
+        landed = late and self._session.await_background_fold(window.revision,
+                                                              guarded.tokens_before)
+        if landed:
+            window = store.read_window(self._session.session_id)
+            guarded = self._guard(window, plan, "clip-protected")
         folded = False
-        if (guarded.outcome == "guarded" and plan.over_budget in ("cap", "fold")
-                and not self._fruitless()):
-            # Past the line: the background fold is late. Fold on the agent's path (the
-            # inline claim wins over a background fold in flight) rather than send a shrink
-            # of this request alone (module doc).
+        if guarded.outcome == "guarded" and self._folds_when_past(plan) and not landed:
+            # Still past it: fold on the agent's path (the inline claim wins over a stuck
+            # background fold) rather than send a shrink of this request alone (module doc).
             self._fold(guarded)
             folded = True
             window = store.read_window(self._session.session_id)
@@ -104,6 +126,12 @@ class RequestGuard:
         elif guarded.outcome == "over-budget":
             self._sent_over(guarded, plan)
         return self._render(window, guarded, plan)
+
+    def _folds_when_past(self, plan: CallPlan) -> bool:
+        """Whether a request the guard can shrink under the line has the session folded (or
+        waits for the fold on its way) instead: ``cap`` and ``fold``, unless this handle's last
+        inline fold changed nothing and no fold has landed since."""
+        return plan.over_budget in ("cap", "fold") and not self._fruitless()
 
     def _fold(self, guarded: GuardResult) -> None:
         """Fold the session inline for a request past the line, counted; remember a fold that

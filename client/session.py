@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -139,6 +140,11 @@ class Connection(Protocol):
         """Tell the session's scheduler to read it from the store now; never raises."""
         ...
 
+    def await_window_change(self, session_id: str, revision: int, tokens: int,
+                            timeout_s: float) -> bool:
+        """Wait for the background fold on its way to move the window past ``revision``."""
+        ...
+
 
 def _response_usage(response: Any) -> tuple[Any, str | None]:
     """``(usage, model)`` of a provider response: an SDK object or a dict."""
@@ -161,6 +167,10 @@ class SessionHandle:
         #: Summarizer calls this handle made on the agent's path (inline folds).
         self.summarizer_calls = 0
         self.inline_folds = 0
+        #: Requests past the guard's line that waited for the background fold on its way, and
+        #: the seconds they waited (:meth:`await_background_fold`).
+        self.fold_waits = 0
+        self.fold_wait_s = 0.0
         #: Model calls made through :meth:`call`, and usage reports that found no usage.
         self.calls = 0
         self.unmeasured = 0
@@ -461,6 +471,18 @@ class SessionHandle:
         log.info("inline %s fold of %s: %s (%s summarizer calls)", trigger, self.session_id,
                  report.outcome, report.summarizer_calls)
         return report
+
+    def await_background_fold(self, revision: int, tokens: int) -> bool:
+        """Wait (at most the settings' ``guard_wait_s``) for the background fold on its way to
+        land on the window read at ``revision``, for a request of ``tokens``; True if the
+        window moved. Counted in :attr:`fold_waits` and :attr:`fold_wait_s` (see
+        :mod:`.request_guard`)."""
+        started = time.monotonic()
+        moved = self.client.await_window_change(self.session_id, revision, tokens,
+                                                self.client.settings.guard_wait_s)
+        self.fold_waits += 1
+        self.fold_wait_s += time.monotonic() - started
+        return moved
 
     # --- call(): the sync adapter of the call loop, and the loop's session side ---------------
 

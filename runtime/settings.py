@@ -206,6 +206,13 @@ class Settings(BaseSettings):
     #: Global cap on summarizer calls in flight across all workers.
     summarizer_max_concurrency: int = Field(default=4, ge=1)
     summarizer_timeout_s: float = Field(default=60.0, gt=0)
+    #: How long an agent's request past its budget's guard line waits for the background fold
+    #: that is on its way (a worker holds the session's claim, or the scheduler's fold lock says
+    #: a job is queued) before the client folds inline itself (``over_budget="cap"`` or
+    #: ``"fold"``); 0: never waits. A fold that lands rewrites the prompt cache once, where an
+    #: inline fold pays a second summarizer call and a request shrunk on its own rewrites it
+    #: again when the late fold lands.
+    guard_wait_s: float = Field(default=15.0, ge=0, le=600)
     #: Optional cap on what the summarizer may spend on one session, in USD.
     session_spend_cap_usd: float | None = Field(default=None, gt=0)
 

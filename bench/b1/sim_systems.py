@@ -22,7 +22,8 @@ product's own, and only the transport is simulated:
   ``lag=5``: before call N + 6 (a summarizer slower than the agent). A job that needs no
   summarizer call (the cheap layers, a refusal, a priced ``would-not-pay``) lands at once;
 - inline folds (the client's overflow fallback and its hard-cap guard) use the same fake
-  summarizer unheld, on the agent's thread, as a real agent's would;
+  summarizer unheld, on the agent's thread, as a real agent's would; a request past the guard's
+  line that waits for the job in flight (the hard cap's first step) has it land then;
 - the idle-gap scenario (:mod:`b1.idle`) is played on a model clock the store stamps its rows
   with (each call 4 s, each gap its length): at a gap the job in flight lands, and once the
   session's cache is cold the scheduler's idle sweep sends an ``idle`` fold (when
@@ -170,11 +171,16 @@ class SimDeployment:
                       batch_offer(self.settings, self.summarizer))
         self.client = Client(self.settings, self.store, _Bus(self),  # type: ignore[arg-type]
                              redis_url=None, summarizer=self.summarizer)
+        # A request past its guard's line waits for the job on its way (the client's hard
+        # cap): on the simulated clock the job lands then, however many calls early.
+        self.client.await_window_change = self._await_fold  # type: ignore[method-assign]
         #: Calls each session's agent has started (the clock jobs land by).
         self.calls: dict[str, int] = {}
         self.jobs: dict[str, _Job] = {}
         self.reports: list[FoldReport] = []
         self.skips: dict[str, int] = {}
+        #: Requests that waited for the job in flight (it landed early).
+        self.waits = 0
         #: Batch folds waiting, by session: the ticket, and when the next look at it is due.
         self.waiting: dict[str, tuple[BatchTicket, float]] = {}
         #: What became of the batches sent (submitted, collected, fallen-back, dropped).
@@ -212,6 +218,17 @@ class SimDeployment:
                 break
         if not slot.thread.is_alive():
             self._land(slot)
+
+    def _await_fold(self, sid: str, revision: int, tokens: int, timeout_s: float) -> bool:
+        """:meth:`Client.await_window_change` here: the agent waits for the job in flight, so
+        it lands now. None in flight (the scheduler already passed on the report, or a batch
+        is waiting): nothing to wait for, as the real client finds."""
+        slot = self.jobs.get(sid)
+        if slot is None or timeout_s <= 0:
+            return False
+        self._land(slot)
+        self.waits += 1
+        return self.store.get_session(sid).revision != revision
 
     def _run(self, slot: _Job, job: FoldJob) -> None:
         try:

@@ -66,7 +66,8 @@ def test_no_request_goes_over_the_budget_whenever_the_folds_land(lag: int) -> No
     assert all(t.retrievable for t in sim.transcripts)
 
 
-def test_a_late_fold_lands_the_calls_later_it_was_told_to() -> None:
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_late_fold_lands_the_calls_later_it_was_told_to(wait: bool) -> None:
     counter = Counter()
     fake = FakeSummarizer(counter=counter, time_scale=0.0)
     system = SimSystem(fake, lag=3)
@@ -89,6 +90,10 @@ def test_a_late_fold_lands_the_calls_later_it_was_told_to() -> None:
 
     deployment.consider = watch_consider  # type: ignore[method-assign]
     deployment._land = watch_land  # type: ignore[method-assign]
+    if not wait:
+        # No request waits for the job in flight: every job lands by the clock alone.
+        deployment.client.await_window_change = (  # type: ignore[method-assign]
+            lambda *args: False)
     try:
         replay(system, [short_session()], BUDGET, time_scale=0.0, counter=counter,
                summarizer=fake, stress=False)
@@ -96,9 +101,18 @@ def test_a_late_fold_lands_the_calls_later_it_was_told_to() -> None:
         system.stop()
     finished = [(asked, at) for asked, at in landed if at != -1]
     # Asked for after call N, a job lands as the agent starts call N + 1 + lag (3 here): N + 3
-    # calls had started when it landed (the last may have landed at the run's end instead).
+    # calls had started when it landed (the last may have landed at the run's end instead),
+    # unless a request past the guard's line waited for it (the client's hard cap): then it
+    # landed earlier, and the deployment counted the wait.
     assert len(finished) >= 2, landed
-    assert [at - asked for asked, at in finished[:-1]] == [3] * (len(finished) - 1)
+    lags = [at - asked for asked, at in finished[:-1]]
+    if not wait:
+        assert lags == [3] * len(lags) and deployment.waits == 0
+    else:
+        # A request past the guard's line waited for the job in flight: it landed then.
+        early = [lag for lag in lags if lag != 3]
+        assert early and all(0 <= lag < 3 for lag in early), lags
+        assert len(early) <= deployment.waits, (lags, deployment.waits)
 
 
 def test_each_session_is_priced_against_its_own_no_compaction_run() -> None:

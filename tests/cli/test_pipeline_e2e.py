@@ -72,7 +72,14 @@ def test_replayed_transcripts_fold_in_the_background_and_keep_every_invariant(
             assert report.folds == len(client.store.spans(sid)) > 0, sid
             assert report.window_tokens < report.ledger_tokens
             assert report.calls == sum(1 for m in conv.messages[1:] if m.role == "assistant")
-            assert report.agent_summarizer_calls == 0 and report.inline_folds == 0
+            # Every summary was written in the background. The hard cap may still have the
+            # agent try an inline fold where the protected recent turns alone pass the guard's
+            # line (a background visit found nothing it could fold): it finds nothing either,
+            # calls no summarizer, and is not tried again until a fold lands.
+            assert report.agent_summarizer_calls == 0
+            overflow = [r for r in client.store.records(sid) if r.trigger == "overflow"]
+            assert len(overflow) == report.inline_folds
+            assert all(r.summarizer_usage.calls == 0 for r in overflow), overflow
             info = client.store.get_session(sid)
             assert info.current_tokens <= info.trigger_tokens or \
                 info.last_visit_outcome in ("nothing-to-fold", "refused")
