@@ -80,10 +80,10 @@ from pathlib import Path
 from typing import Any
 
 from bench_pipeline import _Database, process
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.client import Client, connect
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings

@@ -84,8 +84,8 @@ def measure(path: Path, budget: int, runs: int, *, traced: bool = False) -> dict
 
     With ``traced`` only the tracemalloc peak of one run is measured.
     """
+    from sessionfold.cli.files import load_conversation_file
     from sessionfold.cli.main import build_parser, main
-    from sessionfold.core.session_files import load_conversation_file
     from sessionfold.core.tokens import TokenCounter
 
     build_parser()  # imports every subcommand's module: the first run is not charged for imports

@@ -57,10 +57,10 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings, env_name

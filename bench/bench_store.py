@@ -52,11 +52,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.compact import FoldResult
 from sessionfold.core.frame import fingerprint, summary_message
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.tokens import default_counter
 from sessionfold.core.window import CompactionRecord, FoldEdit, FoldedSpan, WindowItem
 from sessionfold.runtime.collector import freeze_startup_objects

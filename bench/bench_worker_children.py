@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_pipeline import THROUGHPUT_WINDOWS, _exit_on_sigterm, _sessions, proc_stat, process
-from sessionfold.core.session_files import load_conversation_file
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings

@@ -53,7 +53,7 @@ def _transcript(messages: int) -> str:
 
 def prepare(db: Path, messages: int, economics: str, sessions: int) -> None:
     """A store holding ``sessions`` sessions of the transcript, ready to fold."""
-    from sessionfold.core.session_files import load_conversation_file
+    from sessionfold.cli.files import load_conversation_file
     from sessionfold.store import SessionStore
 
     conv = load_conversation_file(TRANSCRIPTS / _transcript(messages))

@@ -204,7 +204,7 @@ def folding_sessions(url: str, transcript: str, n_messages: int, count: int, sum
     One more session is folded first, untimed
     (imports, caches and the SQLite page cache warm up), and with ``settle`` the collector is
     then settled as a worker child settles it. The store is closed on the way out."""
-    from sessionfold.core.session_files import load_conversation_file
+    from sessionfold.cli.files import load_conversation_file
     from sessionfold.runtime.collector import freeze_startup_objects
     from sessionfold.runtime.fold_procedure import FoldJob, run_fold
     from sessionfold.store import SessionStore

@@ -3,6 +3,8 @@ the demo, with the stand-ins they drive.
 
 - :mod:`.main`: ``main()`` of the ``sessionfold`` command (``python -m sessionfold.cli``); each
   area adds its subcommands from :mod:`.commands`.
+- :mod:`.files`: session files read from disk (the engine parses their text).
+- :mod:`.hosts`: which addresses are this machine only.
 - :mod:`.stack`: the whole pipeline on one machine (``sessionfold up`` and the demo).
 - :mod:`.replay`: session files replayed as standing agents through a running pipeline.
 - :mod:`.demo`: a fleet of scripted agents through the whole pipeline, and the report.

@@ -1,10 +1,16 @@
 """The ``sessionfold`` command.
 
 Each area adds its subcommands from its own module under :mod:`sessionfold.cli.commands`
-(a ``register(subparsers)`` function; every subcommand sets ``handler(args) -> int``). Bad input
-and bad flags exit 2 with a one-line reason on stderr; no traceback reaches the user for an error
-sessionfold raised on purpose. Output piped into a reader that stops early (``| head``) ends the
-command quietly with 141, the status a shell reports for any tool a closed pipe stopped.
+(a ``register(subparsers)`` function; every subcommand sets ``handler(args) -> int``). Those
+modules import only the standard library at load, and each handler imports what it runs when it
+runs: ``sessionfold --help`` and ``sessionfold COMMAND --help`` load no engine, store, Celery or
+SDK (tests/cli/test_cli_lazy.py counts the modules). A command whose extra is not installed
+(Celery for ``worker``, FastAPI for ``serve``...) exits 2 naming the extra to install.
+
+Bad input and bad flags exit 2 with a one-line reason on stderr; no traceback reaches the user
+for an error sessionfold raised on purpose. Output piped into a reader that stops early
+(``| head``) ends the command quietly with 141, the status a shell reports for any tool a closed
+pipe stopped.
 """
 
 from __future__ import annotations
@@ -17,8 +23,6 @@ import select
 import signal
 import sys
 from collections.abc import Sequence
-
-from sessionfold.core.errors import InvalidInputError, SessionfoldError, SessionNotFoundError
 
 #: Modules that register subcommands, in the order their commands are listed in ``--help``.
 COMMAND_MODULES = (
@@ -58,13 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that area is not built (yet); its commands are absent
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -113,13 +111,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Imported once the command is known: --help never needs the engine (see the module doc).
+    from sessionfold.core.errors import (
+        InvalidInputError,
+        MissingExtraError,
+        SessionfoldError,
+        SessionNotFoundError,
+    )
+
     try:
         return int(args.handler(args))
     except BrokenPipeError:
         if not _stdout_closed():
             raise
         return _quiet_after_closed_stdout()
-    except (InvalidInputError, SessionNotFoundError) as exc:
+    except ModuleNotFoundError as exc:
+        # The handler imports its role's libraries as it starts; one an extra brings is an
+        # install to make, said in one line, not a traceback.
+        missing = MissingExtraError.of_missing(exc, f"sessionfold {args.command}")
+        if missing is None:
+            raise
+        print(missing, file=sys.stderr)
+        return EXIT_USAGE
+    except (InvalidInputError, SessionNotFoundError, MissingExtraError) as exc:
         print(f"sessionfold {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SessionfoldError as exc:

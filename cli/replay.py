@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.client import Client, SessionHandle
 from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
 from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import mapped_errors, redis_client
 from sessionfold.store import SessionInfo

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import os
 import secrets
 import signal
@@ -59,6 +58,8 @@ from sessionfold.runtime.settings import Settings, env_name
 from sessionfold.runtime.wiring import RedisEndpoint, open_redis, open_store
 from sessionfold.store import SessionStore
 from sessionfold.workers.celery_app import make_celery
+
+from .hosts import is_loopback
 
 __all__ = [
     "FLOWER_LOGIN_FILE",
@@ -176,17 +177,6 @@ def flower_login(settings: Settings) -> tuple[Settings, FlowerLogin]:
         out.write(credentials + "\n")
     updated = settings.model_copy(update={"flower_basic_auth": SecretStr(credentials)})
     return updated, FlowerLogin(_FLOWER_USER, password, path)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is this machine only (``localhost`` or a loopback address)."""
-    # Names other than "localhost" are not resolved: what they resolve to can change.
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

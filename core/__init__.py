@@ -2,9 +2,9 @@
 
 The public API in one place::
 
-    from sessionfold.core import FoldPolicy, ExtractiveSummarizer, compact, load_conversation_file
+    from sessionfold.core import FoldPolicy, ExtractiveSummarizer, compact, load_conversation_json
 
-    conv = load_conversation_file("session.json")
+    conv = load_conversation_json(text, source="session.json")   # the caller reads the file
     result = compact(conv.messages, FoldPolicy(budget_tokens=32_000), ExtractiveSummarizer(),
                      system=conv.system)
     result.messages, result.record, result.spans
@@ -62,7 +62,7 @@ from .openai_write import to_openai
 from .overflow import is_context_overflow, overflow_tokens
 from .policy import LAYERS, FoldPolicy, LayerName
 from .retention import RetentionResult, check_retention, extract_identifiers
-from .session_files import load_conversation, load_conversation_file
+from .session_files import load_conversation, load_conversation_json
 from .summarizers import (
     DEFAULT_MODEL,
     ExtractiveSummarizer,
@@ -154,7 +154,7 @@ __all__ = [
     "is_context_overflow",
     "items_from_messages",
     "load_conversation",
-    "load_conversation_file",
+    "load_conversation_json",
     "mask_tool_results",
     "notice_message",
     "overflow_tokens",

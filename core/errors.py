@@ -22,7 +22,8 @@ translated where they enter (``raise Mapped(msg) from exc``)::
     ├── DiscardedOriginalsError        recover() of a span whose originals were discarded
     ├── SchemaError                    the database schema is missing or newer than this code
     ├── StoreError                     the store's database failed; the transaction rolled back
-    └── RedisUnavailableError          Redis could not be reached, timed out, or refused a command
+    ├── RedisUnavailableError          Redis could not be reached, timed out, or refused a command
+    └── MissingExtraError              a role's optional dependencies (an extra) are not installed
 """
 
 from __future__ import annotations
@@ -178,3 +179,35 @@ class RedisUnavailableError(SessionfoldError):
     Raised where redis-py's errors enter sessionfold (:mod:`sessionfold.runtime.redis_conn`).
     The usage publisher never raises it: reporting usage must not fail an agent.
     """
+
+
+#: The optional top-level modules sessionfold imports, and the extra (``pip install
+#: 'sessionfold[EXTRA]'``, see pyproject.toml) that brings each. A module missing from here is
+#: part of the base install: its absence is a broken install, not a missing extra.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "celery": "worker", "kombu": "worker", "billiard": "worker", "flower": "worker",
+    "fastapi": "api", "starlette": "api", "uvicorn": "api",
+    "psycopg": "postgres",
+    "rich": "demo", "matplotlib": "demo", "PIL": "demo",
+    "openai": "openai",
+}
+
+
+class MissingExtraError(SessionfoldError):
+    """A part of sessionfold needs an extra that is not installed; the message names the pip
+    command (``sessionfold worker needs the worker extra: pip install 'sessionfold[worker]'``).
+
+    ``what`` is the part that needs it, ``extra`` the extra's name.
+    """
+
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(f"{what} needs the {extra} extra: pip install 'sessionfold[{extra}]'")
+        self.what = what
+        self.extra = extra
+
+    @classmethod
+    def of_missing(cls, exc: ModuleNotFoundError, what: str) -> MissingExtraError | None:
+        """The error for ``exc`` when the module it could not import comes with an extra
+        (:data:`EXTRA_OF_MODULE`); None when it does not (a broken install: let it raise)."""
+        extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+        return None if extra is None else cls(what, extra)

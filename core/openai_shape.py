@@ -4,7 +4,7 @@ stores (:mod:`.messages`).
 :func:`from_openai` converts OpenAI messages (``tool_calls``, role ``"tool"``, roles
 ``"system"``/``"developer"``, content parts) into a :class:`~.messages.Conversation`, naming the
 OpenAI message and field in every error (:func:`~.openai_write.to_openai` writes a conversation
-back). What each field becomes is said where it is read, and for users in the README's "The
+back). What each field becomes is said where it is read, and for users in docs/integrating.md, "The
 OpenAI chat shape".
 :func:`openai_marker` and :func:`anthropic_marker` tell the two shapes apart from a message's
 content (session files, the client's appends).
@@ -40,11 +40,11 @@ __all__ = [
 
 # --- OpenAI chat-completions shape -------------------------------------------------------------
 #
-# What each part of an OpenAI message becomes (the README's "The OpenAI chat shape" says it for
-# users): every field the chat-completions request takes on a message is read, converted or
+# What each part of an OpenAI message becomes (docs/integrating.md, "The OpenAI chat shape", says
+# it for users): every field the chat-completions request takes on a message is read, converted or
 # refused with a reason; a field it does not take is never shown to an OpenAI model again, so it
-# is not kept (a reply's ``annotations``, a vendor's extras), except the reasoning some
-# compatible servers return, which is the model's own thinking and is kept as such.
+# is not kept (a reply's ``annotations``, a vendor's extras), except the reasoning some compatible
+# servers return, which is the model's own thinking and is kept as such.
 
 #: The content part types of the OpenAI chat shape. A block of any other type is the Anthropic
 #: shape: a type sessionfold reads, or one it keeps as given (:class:`OpaqueBlock`).
@@ -133,8 +133,8 @@ def from_openai(raw: list[Any], *, check_pairing: bool = True) -> Conversation:
     Leading ``system``/``developer`` messages (before any other) become the system prompt; a
     later one stays at its place as a user message saying what it was (``[system message]``
     and its text). ``tool_calls`` become ``tool_use`` blocks and consecutive ``tool`` messages
-    one user message of ``tool_result`` blocks; the rest is said in the README ("The OpenAI
-    chat shape"). Error indexes refer to the OpenAI input. ``check_pairing=False`` leaves the
+    one user message of ``tool_result`` blocks; the rest is said in docs/integrating.md ("The
+    OpenAI chat shape"). Error indexes refer to the OpenAI input. ``check_pairing=False`` leaves the
     pairing to the caller (an append: its first tool messages answer the ledger's last
     message, which is not in ``raw``; see :func:`in_openai_terms` for the errors found then).
     """

@@ -1,9 +1,9 @@
 """FoldPolicy: when a session folds, how deep, and what a fold may do.
 
-The scheduler visits a session once its window passes the trigger the store keeps for it
-(``SessionInfo.trigger_tokens``, at most ``trigger_ratio × budget_tokens``; see "Deciding to
-fold" in ``docs/architecture.md``). A fold goes down to ``target_ratio × budget_tokens`` (deep
-enough that the next turns do not fold again, so the provider's prompt cache breaks rarely)::
+When a background fold is due is the scheduler's, by the trigger the store keeps per session,
+never above :attr:`FoldPolicy.trigger_tokens` (docs/architecture.md, "Deciding to fold"). A
+fold goes down to ``target_ratio`` of the budget (deep enough that the next turns do not fold
+again, so the provider's prompt cache breaks rarely)::
 
     FoldPolicy(budget_tokens=32_000)                      # defaults: 0.85 trigger, 0.6 target
     FoldPolicy(budget_tokens=64_000, layers=("mask-tool-results", "drop-oldest"),
@@ -12,16 +12,14 @@ enough that the next turns do not fold again, so the provider's prompt cache bre
 
 With ``economics="dollars"`` (the default) every background visit is priced with the cost
 model (:mod:`sessionfold.core.economics`): the fold goes as deep as pays best, and a fold that
-would not pay for its cache break is refused (``would-not-pay``) unless the budget needs it.
-The trigger is then a ceiling, not the moment: a session is first visited at its target and
-each priced visit sets the next one where folding pays best (the store keeps it as the
-session's ``trigger_tokens``, never above :attr:`FoldPolicy.trigger_tokens`). A session
-idle longer than its prompt cache's lifetime is visited from ``idle_trigger_ratio ×
-budget_tokens`` on (its next call rewrites the cache anyway).
+would not pay for its cache break is refused (``would-not-pay``) unless the budget needs it. A
+session idle longer than its prompt cache's lifetime is visited from ``idle_trigger_ratio`` of
+the budget on (its next call rewrites the cache anyway).
 
 Between folds, ``call()`` guards each request (``guard``, on by default, paused sessions
-included): one whose calibrated estimate passes ``(1 - guard_margin_ratio) × budget_tokens`` is
-sent with the cheap layers applied to it alone (:mod:`sessionfold.core.guard`).
+included): one whose calibrated estimate passes ``(1 - guard_margin_ratio) × budget_tokens``
+meets the handle's ``over_budget`` choice (:mod:`sessionfold.core.guard`,
+``sessionfold.client.request_guard``).
 """
 
 from __future__ import annotations

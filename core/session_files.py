@@ -1,19 +1,19 @@
-"""Session files: a conversation on disk, in either shape, as ``sessionfold compact`` and
+"""Session files: a conversation's text, in either shape, as ``sessionfold compact`` and
 ``sessionfold replay`` read it.
 
-:func:`load_conversation_file` reads ``{"system", "messages"}`` or a bare list of messages (the
+:func:`load_conversation_json` parses ``{"system", "messages"}`` or a bare list of messages (the
 Anthropic or the OpenAI chat shape, :mod:`.openai_shape`), JSON Lines of messages, and Claude
 Code's JSONL transcripts; a summary a file marks (``"summaries"``, or the spans an earlier
 ``sessionfold compact`` printed) loads as a summary. Whatever the text holds, the outcome is a
-:class:`~.messages.Conversation` or an :class:`~.errors.InvalidMessageError` naming the file
-(and its line, for JSON Lines).
+:class:`~.messages.Conversation` or an :class:`~.errors.InvalidMessageError` naming the source
+(and its line, for JSON Lines). Reading the file is the caller's business (the engine does no
+I/O): :func:`sessionfold.cli.files.load_conversation_file` reads one from disk.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,7 +29,7 @@ from .messages import Conversation, SummaryMark, parse_messages
 from .openai_shape import anthropic_marker, from_openai, leading_system_count, openai_marker
 from .pydantic_errors import field_path, first_error
 
-__all__ = ["load_conversation", "load_conversation_file", "load_conversation_json"]
+__all__ = ["load_conversation", "load_conversation_json"]
 
 # --- session files -----------------------------------------------------------------------------
 
@@ -244,18 +244,6 @@ def load_conversation_json(text: str | bytes, *, source: str) -> Conversation:
     except UnfitValue as bad:
         raise InvalidMessageError(f"{source}: {bad}") from None
     return conversation
-
-
-def load_conversation_file(path: str | Path) -> Conversation:
-    """Read a session file (see :func:`load_conversation_json`); errors say what is wrong."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise InvalidMessageError(f"{p}: no such file") from None
-    except OSError as exc:
-        raise InvalidMessageError(f"{p}: cannot read ({exc})") from None
-    return load_conversation_json(raw, source=str(p))
 
 
 def _in_file(exc: InvalidMessageError, source: str, lines: list[int] | None

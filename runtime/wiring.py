@@ -32,7 +32,10 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sessionfold.core.errors import InvalidInputError, RedisUnavailableError
+from sessionfold.core.errors import (
+    MissingExtraError,
+    RedisUnavailableError,
+)
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer
 from sessionfold.store import SessionStore
 
@@ -209,10 +212,10 @@ def make_summarizer(settings: Settings) -> Summarizer:
     try:
         from .providers.openai import OpenAISummarizer
     except ModuleNotFoundError as exc:
-        if exc.name != "openai":
+        missing = MissingExtraError.of_missing(exc, "summarizer 'openai'")
+        if missing is None:
             raise
-        raise InvalidInputError("summarizer 'openai' needs the openai package: pip install "
-                                "'sessionfold[openai]'") from exc
+        raise missing from exc
     openai_key = settings.openai_api_key
     return OpenAISummarizer(api_key=openai_key.get_secret_value() if openai_key else None,
                             base_url=settings.openai_base_url, model=settings.summarizer_model,

@@ -23,7 +23,6 @@ import logging
 from dataclasses import dataclass, field
 
 import anyio.to_thread
-import psycopg
 from sessionfold.core.errors import SessionfoldError
 from sessionfold.store import SessionStore
 from sessionfold.store.notify import CHANNEL, WindowState, parse_change
@@ -178,6 +177,10 @@ class WindowWatcher:
 
     async def _listen(self) -> None:
         assert self._listen_url is not None
+        # Imported here: only a PostgreSQL store has a listener, and psycopg is the postgres
+        # extra (an API on SQLite runs without it).
+        import psycopg
+
         backoff = _RECONNECT_MIN_S
         while True:
             try:

@@ -11,7 +11,8 @@ Two backends:
   DML), so we switch it off and emit ``BEGIN`` ourselves, as SQLAlchemy's SQLite documentation
   recommends ("Using SQLAlchemy to emit BEGIN in lieu of SQLite's transaction control").
 - **PostgreSQL** through psycopg 3 (``postgresql+psycopg://``). ``postgres://`` and
-  ``postgresql://`` URLs are accepted and mapped to the psycopg driver.
+  ``postgresql://`` URLs are accepted and mapped to the psycopg driver, which is the
+  ``postgres`` extra: without it the engine raises :class:`MissingExtraError`.
 
 The store never reads the environment: the URL is an argument. Which URL a process uses is
 decided from its settings at the entry point (``DATABASE_URL``, else the SQLite file
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.errors import InvalidInputError, MissingExtraError
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
@@ -130,13 +131,19 @@ def create_store_engine(url: str | URL, *, echo: bool = False, pool_size: int = 
         )
         _install_sqlite_transactions(engine)
         return engine
-    return sa.create_engine(
-        parsed,
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        pool_pre_ping=True,
-        **common,
-    )
+    try:
+        return sa.create_engine(
+            parsed,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+            **common,
+        )
+    except ModuleNotFoundError as exc:  # the dialect imports its driver here
+        missing = MissingExtraError.of_missing(exc, "a PostgreSQL store")
+        if missing is None:
+            raise
+        raise missing from None
 
 
 def _switch_to_wal(dbapi_connection: Any, cursor: Any) -> None:

@@ -30,10 +30,10 @@ import httpx2
 import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.cli.stack import FLOWER_LOGIN_FILE
 from sessionfold.core.messages import Conversation
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.runtime.settings import Settings, env_name
 from sessionfold.store import SessionStore
 from sessionfold.store.engine import create_store_engine

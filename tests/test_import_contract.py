@@ -25,7 +25,11 @@ package: ``pyproject.toml`` maps ``core/``, ``store/``... to ``sessionfold.*`` w
 A second contract rides along, since it is checked the same way: below the entry points nothing
 reads the environment. Settings (``sessionfold.runtime.settings``, pydantic-settings) are the one
 config source; only the CLI (an entry point) and the modules listed in :data:`ENVIRONMENT_READERS`,
-each for a stated reason, touch ``os.environ``.
+each for a stated reason, touch ``os.environ``. A third: the engine touches no file. ``core``
+parses text it is handed (a session file's, :func:`~sessionfold.core.session_files.
+load_conversation_json`); reading it is the caller's (:mod:`sessionfold.cli.files`). So no
+``open(...)``, no ``.read_text()`` / ``.read_bytes()`` / ``.write_text()`` / ``.write_bytes()``
+/ ``.open()``, and none of the file-system modules :data:`FILE_LIBRARIES` in ``core``.
 """
 
 from __future__ import annotations
@@ -76,6 +80,11 @@ PURE_MODULES = frozenset({"urllib.parse"})
 #: What the store may import besides ``core`` and the standard library.
 STORE_LIBRARIES = frozenset({"alembic", "pydantic", "pydantic_core", "sqlalchemy"})
 
+
+#: Standard modules whose business is the file system: the engine imports none of them.
+FILE_LIBRARIES = frozenset({"fileinput", "glob", "pathlib", "shutil", "tempfile"})
+#: Methods that read or write a file (``Path.read_text()``, ``Image.open()``...).
+FILE_METHODS = frozenset({"open", "read_bytes", "read_text", "write_bytes", "write_text"})
 
 #: Modules of the packages below the CLI that may touch ``os.environ``, and why.
 ENVIRONMENT_READERS: Mapping[str, str] = {
@@ -260,6 +269,28 @@ def environment_reads(root: Path) -> list[str]:
     return found
 
 
+def file_access(root: Path) -> list[str]:
+    """Every file access in ``core``: a file-system module imported, ``open(...)`` called, or a
+    file method (:data:`FILE_METHODS`) called on anything."""
+    found: list[str] = []
+    for name, path in modules(root, ("core",)).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        where = f"{path.relative_to(root)}"
+        for imp in imports(name, path, {}):
+            if imp.target.partition(".")[0] in FILE_LIBRARIES:
+                found.append(f"{where}:{imp.line}: core imports the file-system module "
+                             f"{imp.target}")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name) and node.func.id == "open":
+                found.append(f"{where}:{node.lineno}: core opens a file (open())")
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in FILE_METHODS:
+                found.append(f"{where}:{node.lineno}: core reads or writes a file "
+                             f"(.{node.func.attr}())")
+    return found
+
+
 # --- the contract of this repository ---------------------------------------------------------
 
 
@@ -311,6 +342,11 @@ def test_the_fresh_interpreter_check_sees_celery_where_it_is_loaded() -> None:
 
 def test_nothing_below_the_entry_points_reads_the_environment() -> None:
     assert environment_reads(REPO) == []
+
+
+def test_the_engine_touches_no_file() -> None:
+    assert (REPO / "core" / "session_files.py").is_file(), "is REPO right?"
+    assert file_access(REPO) == []
 
 
 def test_every_package_of_the_contract_is_one_pyproject_maps() -> None:
@@ -411,3 +447,21 @@ def test_the_environment_check_finds_a_store_reading_a_variable(tmp_path: Path) 
     found = environment_reads(root)
     assert len(found) == 2 and "sessionfold.store.engine" in found[0], found
     assert "sessionfold.client.conn" in found[1]
+
+
+def test_the_file_check_finds_each_kind_of_file_access(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "core/files.py": "from pathlib import Path\n"
+                         "def a(p):\n    return Path(p).read_bytes()\n"
+                         "def b(p):\n    with open(p) as f:\n        return f.read()\n"
+                         "def c(p):\n    import shutil\n    shutil.rmtree(p)\n",
+        "core/pure.py": "import json\ndef d(text):\n    return json.loads(text)\n",
+        "cli/files.py": "from pathlib import Path\ndef e(p):\n    return Path(p).read_text()\n",
+    })
+    found = file_access(root)
+    assert found == [
+        "core/files.py:1: core imports the file-system module pathlib",
+        "core/files.py:8: core imports the file-system module shutil",
+        "core/files.py:3: core reads or writes a file (.read_bytes())",
+        "core/files.py:5: core opens a file (open())",
+    ], found

@@ -49,16 +49,12 @@ from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-from sessionfold.core.compact import CompactResult, compact
-from sessionfold.core.errors import InvalidInputError
-from sessionfold.core.messages import Conversation
-from sessionfold.core.policy import LAYERS, FoldPolicy
-from sessionfold.core.session_files import load_conversation_file, load_conversation_json
-from sessionfold.core.summarizers import DEFAULT_MODEL, ExtractiveSummarizer, Summarizer
-from sessionfold.core.window import Refusal, WindowItem
-from sessionfold.runtime.providers import DEFAULT_SUMMARIZER_MODELS
-
 if TYPE_CHECKING:
+    from sessionfold.core.compact import CompactResult
+    from sessionfold.core.messages import Conversation
+    from sessionfold.core.policy import FoldPolicy
+    from sessionfold.core.summarizers import Summarizer
+    from sessionfold.core.window import Refusal, WindowItem
     from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
     from sessionfold.runtime.providers.openai import OpenAISummarizer
 
@@ -69,6 +65,11 @@ __all__ = ["DEFAULT_BUDGET", "register"]
 DEFAULT_BUDGET = 32_000
 
 SUMMARIZERS = ("offline", "anthropic", "openai")
+#: What the help names, written out so that ``--help`` imports no engine (the engine's
+#: ``LAYERS``, ``DEFAULT_MODEL`` and the runtime's ``DEFAULT_SUMMARIZER_MODELS`` own them;
+#: tests/cli/test_cli_lazy.py holds the help to them).
+HELP_LAYERS = "mask-tool-results, drop-thinking, summarize, drop-oldest"
+HELP_MODELS = {"anthropic": "claude-haiku-5-5", "openai": "gpt-4.1-mini"}
 #: The key each summarizer that calls an API needs, read by its SDK.
 _KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
@@ -95,15 +96,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="never fold the last K turns, counted as assistant messages "
                              "(default 4)")
     parser.add_argument("--layers", type=_layers, metavar="L,...",
-                        help="layers to run, cheapest first; any of " + ", ".join(LAYERS)
-                             + " (default mask-tool-results,drop-thinking,summarize)")
+                        help=f"layers to run, cheapest first; any of {HELP_LAYERS} "
+                             "(default mask-tool-results,drop-thinking,summarize)")
     parser.add_argument("--summarizer", choices=SUMMARIZERS, default="offline",
                         help="offline: extractive, deterministic, no API key (default); "
                              "anthropic: the Messages API, needs ANTHROPIC_API_KEY; openai: any "
                              "chat completions server (OPENAI_BASE_URL), needs OPENAI_API_KEY")
     parser.add_argument("--model", metavar="M",
-                        help=f"model for --summarizer anthropic (default {DEFAULT_MODEL}) or "
-                             f"openai (default {DEFAULT_SUMMARIZER_MODELS['openai']})")
+                        help=f"model for --summarizer anthropic (default "
+                             f"{HELP_MODELS['anthropic']}) or openai (default "
+                             f"{HELP_MODELS['openai']})")
     parser.add_argument("--report", action="store_true",
                         help="print a short human-readable report instead of JSON")
     parser.set_defaults(handler=run)
@@ -111,6 +113,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``sessionfold compact``: check flags, load, fold, print. Returns the exit code."""
+    from sessionfold.core.compact import compact
+
     policy = _policy(args)
     _check_summarizer_flags(args)  # before any work: a missing key must not cost a load
     conversation = _load(args.file)
@@ -193,6 +197,8 @@ def _ratio(text: str) -> float:
 
 
 def _layers(text: str) -> tuple[str, ...]:
+    from sessionfold.core.policy import LAYERS
+
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     if not names:
         raise argparse.ArgumentTypeError("name at least one layer; allowed: " + ", ".join(LAYERS))
@@ -205,6 +211,8 @@ def _layers(text: str) -> tuple[str, ...]:
 
 def _policy(args: argparse.Namespace) -> FoldPolicy:
     """The policy the flags describe; FoldPolicy itself rejects combinations it cannot honour."""
+    from sessionfold.core.policy import FoldPolicy
+
     fields: dict[str, Any] = {"budget_tokens": args.budget}
     if args.target_ratio is not None:
         fields["target_ratio"] = args.target_ratio
@@ -216,6 +224,8 @@ def _policy(args: argparse.Namespace) -> FoldPolicy:
 
 
 def _check_summarizer_flags(args: argparse.Namespace) -> None:
+    from sessionfold.core.errors import InvalidInputError
+
     key = _KEYS.get(args.summarizer)
     if key is not None and not os.environ.get(key, "").strip():
         raise InvalidInputError(
@@ -228,6 +238,10 @@ def _check_summarizer_flags(args: argparse.Namespace) -> None:
 # --- input and summarizer ------------------------------------------------------------------------
 
 def _load(path: str) -> Conversation:
+    from sessionfold.core.session_files import load_conversation_json
+
+    from ..files import load_conversation_file
+
     if path != "-":
         return load_conversation_file(path)
     # Bytes, decoded by the loader: whatever stdin holds is a Conversation or a one-line error.
@@ -236,6 +250,9 @@ def _load(path: str) -> Conversation:
 
 
 def _summarizer(args: argparse.Namespace) -> Summarizer:
+    from sessionfold.core.summarizers import ExtractiveSummarizer
+    from sessionfold.runtime.providers import DEFAULT_SUMMARIZER_MODELS
+
     if args.summarizer == "offline":
         return ExtractiveSummarizer()
     provider = (_anthropic_summarizer() if args.summarizer == "anthropic"
@@ -304,11 +321,13 @@ def _anthropic_summarizer() -> type[AnthropicSummarizer]:
 
 
 def _openai_summarizer() -> type[OpenAISummarizer]:
+    from sessionfold.core.errors import MissingExtraError
+
     try:
         from sessionfold.runtime.providers.openai import OpenAISummarizer
     except ModuleNotFoundError as exc:
-        if exc.name != "openai":
+        missing = MissingExtraError.of_missing(exc, "--summarizer openai")
+        if missing is None:
             raise
-        raise InvalidInputError("--summarizer openai needs the openai package: pip install "
-                                "'sessionfold[openai]'") from exc
+        raise missing from exc
     return OpenAISummarizer

@@ -22,11 +22,6 @@ import argparse
 import logging
 from pathlib import Path
 
-from rich.console import Console
-from sessionfold.runtime.settings import Settings
-
-from ..demo import DemoOptions, run_demo
-
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
@@ -72,6 +67,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # rich and the pipeline (the demo extra, which brings the worker extra) load only now.
+    from rich.console import Console
+    from sessionfold.runtime.settings import Settings
+
+    from ..demo import DemoOptions, run_demo
+
     options = DemoOptions(agents=args.agents, turns=args.turns, out=args.out,
                           transcripts=args.transcripts, budget=args.budget,
                           context_window=args.context_window, model_latency_s=args.model_latency,

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from sessionfold.core.errors import InvalidInputError
-from sessionfold.runtime.settings import Settings
-from sessionfold.runtime.wiring import open_store
-from sessionfold.service.auth import create_key
+if TYPE_CHECKING:
+    from sessionfold.store import SessionStore
 
 __all__ = ["register"]
 
@@ -44,8 +43,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     revoke.set_defaults(handler=_revoke)
 
 
+def _open() -> SessionStore:
+    from sessionfold.runtime.settings import Settings
+    from sessionfold.runtime.wiring import open_store
+
+    return open_store(Settings())
+
+
 def _create(args: argparse.Namespace) -> int:
-    store = open_store(Settings())
+    from sessionfold.service.auth import create_key
+
+    store = _open()
     try:
         made = create_key(store, args.tenant, admin=args.admin)
     finally:
@@ -58,7 +66,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    store = open_store(Settings())
+    store = _open()
     try:
         found = store.list_api_keys(args.tenant)
     finally:
@@ -72,7 +80,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    store = open_store(Settings())
+    from sessionfold.core.errors import InvalidInputError
+
+    store = _open()
     try:
         if not store.revoke_api_key(args.key_id):
             raise InvalidInputError(f"no live key {args.key_id!r} (see `sessionfold keys list`)")

@@ -25,29 +25,12 @@ import os
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
-from sessionfold.client import connect
-from sessionfold.core.errors import (
-    InvalidInputError,
-    SessionNotFoundError,
-)
-from sessionfold.runtime.collector import freeze_startup_objects
-from sessionfold.runtime.exporter import start_host_metrics
-from sessionfold.runtime.keys import FOLD_QUEUE, Keys
-from sessionfold.runtime.redis_conn import redis_client
-from sessionfold.runtime.settings import Settings, redact_url
-from sessionfold.runtime.wiring import open_store, redis_url_for
-from sessionfold.workers.celery_app import make_celery, make_collect, make_enqueue
-from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
+if TYPE_CHECKING:
+    from sessionfold.runtime.settings import Settings
 
-from ..replay import ReplayOptions, format_table, load_files, replay
-from ..stack import (
-    FLOWER_TASKS_COLUMNS,
-    Stack,
-    StackOptions,
-    check_flower_exposure,
-    flower_login,
-)
+    from ..stack import Stack
 
 __all__ = ["register"]
 
@@ -138,6 +121,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _settings(command: str) -> Settings:
     """The settings, from the environment; says where embedded data lives (one INFO line)."""
+    from sessionfold.runtime.settings import Settings
+
     settings = Settings()
     embedded_data = settings.embedded_data()
     if embedded_data is not None:
@@ -146,6 +131,8 @@ def _settings(command: str) -> Settings:
 
 
 def _check_count(name: str, value: int | None) -> None:
+    from sessionfold.core.errors import InvalidInputError
+
     if value is not None and value < 1:
         raise InvalidInputError(f"{name} must be at least 1, got {value}")
 
@@ -153,6 +140,11 @@ def _check_count(name: str, value: int | None) -> None:
 # --- worker ----------------------------------------------------------------------------------
 
 def _worker(args: argparse.Namespace) -> int:
+    from sessionfold.runtime.exporter import start_host_metrics
+    from sessionfold.runtime.keys import FOLD_QUEUE
+    from sessionfold.runtime.wiring import open_store, redis_url_for
+    from sessionfold.workers.celery_app import make_celery
+
     _check_count("--concurrency", args.concurrency)
     settings = _settings("worker")
     with redis_url_for(settings) as url:
@@ -177,6 +169,15 @@ def _worker(args: argparse.Namespace) -> int:
 # --- scheduler -------------------------------------------------------------------------------
 
 def _scheduler(args: argparse.Namespace) -> int:
+    from sessionfold.runtime.collector import freeze_startup_objects
+    from sessionfold.runtime.exporter import start_host_metrics
+    from sessionfold.runtime.keys import Keys
+    from sessionfold.runtime.redis_conn import redis_client
+    from sessionfold.runtime.settings import redact_url
+    from sessionfold.runtime.wiring import open_store, redis_url_for
+    from sessionfold.workers.celery_app import make_celery, make_collect, make_enqueue
+    from sessionfold.workers.scheduler import Scheduler, install_signal_handlers
+
     settings = _settings("scheduler")
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -204,6 +205,11 @@ def _scheduler(args: argparse.Namespace) -> int:
 # --- flower ----------------------------------------------------------------------------------
 
 def _flower(args: argparse.Namespace) -> int:
+    from sessionfold.runtime.wiring import redis_url_for
+    from sessionfold.workers.celery_app import make_celery
+
+    from ..stack import FLOWER_TASKS_COLUMNS, check_flower_exposure, flower_login
+
     settings = _settings("flower")
     check_flower_exposure(settings)  # before the broker starts: exit 2 with the reason
     # Never FLOWER_UNAUTHENTICATED_API: Flower's API lists and enqueues tasks, and any web page
@@ -225,6 +231,8 @@ def _flower(args: argparse.Namespace) -> int:
 # --- up --------------------------------------------------------------------------------------
 
 def _up(args: argparse.Namespace) -> int:
+    from ..stack import Stack, StackOptions
+
     _check_count("--concurrency", args.concurrency)
     settings = _settings("up")
     options = StackOptions(workers=1, worker_concurrency=args.concurrency,
@@ -247,6 +255,9 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _print_up(stack: Stack, given: Settings) -> None:
+    from sessionfold.runtime.keys import FOLD_QUEUE, Keys
+    from sessionfold.runtime.settings import redact_url
+
     settings = stack.settings
     pids = stack.children
     concurrency = stack.options.worker_concurrency or settings.worker_concurrency
@@ -273,6 +284,12 @@ def _print_up(stack: Stack, given: Settings) -> None:
 # --- replay ----------------------------------------------------------------------------------
 
 def _replay(args: argparse.Namespace) -> int:
+    from sessionfold.client import connect
+    from sessionfold.runtime.settings import Settings
+    from sessionfold.runtime.wiring import redis_url_for
+
+    from ..replay import ReplayOptions, format_table, load_files, replay
+
     options = ReplayOptions(budget=args.budget, concurrency=args.concurrency,
                             prefix=args.prefix, context_window=args.context_window,
                             model_latency_s=args.model_latency, replace=args.replace,
@@ -290,6 +307,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _workers_answer(settings: Settings, url: str | None) -> bool:
+    from sessionfold.workers.celery_app import make_celery
+
     if not url:
         return False
     app = make_celery(settings, redis_url=url)
@@ -304,6 +323,9 @@ def _workers_answer(settings: Settings, url: str | None) -> bool:
 # --- operating sessions ------------------------------------------------------------------------
 
 def _fold(args: argparse.Namespace) -> int:
+    from sessionfold.runtime.wiring import open_store, redis_url_for
+    from sessionfold.workers.celery_app import make_celery, make_enqueue
+
     settings = _settings("fold")
     with redis_url_for(settings, running_only=True) as url:
         store = open_store(settings)
@@ -322,6 +344,9 @@ def _fold(args: argparse.Namespace) -> int:
 
 
 def _session_command(args: argparse.Namespace) -> int:
+    from sessionfold.core.errors import SessionNotFoundError
+    from sessionfold.runtime.wiring import open_store
+
     settings = _settings(args.action)
     store = open_store(settings)
     try:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from sessionfold.runtime.settings import Settings, env_name
-from sessionfold.store import SessionStore
-from sessionfold.store.engine import normalize_url
-from sessionfold.store.pruning import MAX_PRUNE_BATCH
-
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
+
+#: The store's largest prune batch (``sessionfold.store.pruning.MAX_PRUNE_BATCH``), written out
+#: for the help so that ``--help`` imports no store (tests/cli/test_cli_lazy.py checks it).
+HELP_MAX_PRUNE_BATCH = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prune.add_argument("--dry-run", action="store_true",
                        help="count what would be deleted; delete nothing")
     prune.add_argument("--batch", type=_batch, default=None, metavar="N",
-                       help=f"rows deleted per transaction (1 to {MAX_PRUNE_BATCH}, default "
-                            f"${env_name('prune_batch')}, else 1000)")
+                       help=f"rows deleted per transaction (1 to {HELP_MAX_PRUNE_BATCH}, "
+                            "default $SESSIONFOLD_PRUNE_BATCH, else 1000)")
     prune.add_argument("--database-url", metavar="URL",
                        help="database URL (default: $DATABASE_URL, else the SQLite file "
                             "sessionfold.db in the data dir, ./.sessionfold unless "
@@ -53,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _batch(text: str) -> int:
     """A batch size (argparse turns the error into a usage error)."""
+    from sessionfold.store.pruning import MAX_PRUNE_BATCH
+
     try:
         value = int(text)
     except ValueError:
@@ -63,6 +64,10 @@ def _batch(text: str) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    from sessionfold.runtime.settings import Settings
+    from sessionfold.store import SessionStore
+    from sessionfold.store.engine import normalize_url
+
     # The rules are settings: read once, here, at the entry point (a bad one exits 2).
     settings = Settings()
     url = args.database_url or settings.store_url

@@ -22,11 +22,10 @@ import argparse
 import json
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-from sessionfold.client.recall import RecallRequest, answer, parse_seq
-from sessionfold.runtime.settings import Settings
-from sessionfold.store import SessionStore
-from sessionfold.store.engine import normalize_url
+if TYPE_CHECKING:
+    from sessionfold.store import SessionStore
 
 __all__ = ["register"]
 
@@ -57,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _open(args: argparse.Namespace) -> SessionStore:
+    from sessionfold.runtime.settings import Settings
+    from sessionfold.store import SessionStore
+    from sessionfold.store.engine import normalize_url
+
     # Settings read the environment here, at the entry point, and only when no URL was given.
     url = args.database_url
     if not url:
@@ -68,6 +71,8 @@ def _open(args: argparse.Namespace) -> SessionStore:
 
 
 def _recall(args: argparse.Namespace) -> int:
+    from sessionfold.client.recall import RecallRequest, answer, parse_seq
+
     # Checked before the store is opened: bad input costs no connection (InvalidInputError
     # becomes one line and exit 2 in main).
     request = RecallRequest(seq=parse_seq(args.seq) if args.seq is not None else None,

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import ipaddress
 import logging
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessionfold.core.errors import InvalidInputError
-from sessionfold.runtime.settings import Settings, env_name, redact_url
-from sessionfold.runtime.wiring import open_store
+if TYPE_CHECKING:
+    from sessionfold.runtime.settings import Settings
 
 __all__ = ["app_from_env", "register"]
 
@@ -49,10 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "an API key: make one with `sessionfold keys create TENANT`. Exit 2 when "
                     "the port cannot be bound.")
     serve.add_argument("--host", default=None,
-                       help=f"address to listen on (default {env_name('api_host')}, else "
+                       help="address to listen on (default SESSIONFOLD_API_HOST, else "
                             "127.0.0.1)")
     serve.add_argument("--port", type=int, default=None,
-                       help=f"port (default {env_name('api_port')}, else 8080)")
+                       help="port (default SESSIONFOLD_API_PORT, else 8080)")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="API processes on the one port (default 1)")
     serve.add_argument("--access-log", action="store_true", help="log every request")
@@ -61,12 +59,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def app_from_env() -> Any:
     """The app of one API process, settings from the environment (uvicorn's factory)."""
+    from sessionfold.runtime.settings import Settings
     from sessionfold.service import create_app
 
     return create_app(Settings())
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    from sessionfold.core.errors import InvalidInputError
+    from sessionfold.runtime.settings import env_name
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -84,22 +86,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def _check_keys(settings: Settings, host: str) -> int:
     """How many live API keys the store holds; warns loudly when there are none."""
+    from sessionfold.runtime.wiring import open_store
+
+    from ..hosts import is_loopback
+
     store = open_store(settings)
     try:
         live = [k for k in store.list_api_keys() if k.revoked_at is None]
     finally:
         store.close()
     if not live:
-        where = "on a non-loopback address, " if not _loopback(host) else ""
+        where = "on a non-loopback address, " if not is_loopback(host) else ""
         log.warning("sessionfold serve: %sno API key exists: every /v1 request will be refused "
                     "(401) until one is made with `sessionfold keys create TENANT`", where)
         print(f"sessionfold serve: WARNING: no API key exists ({where}every /v1 request is "
@@ -110,6 +109,8 @@ def _check_keys(settings: Settings, host: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from sessionfold.core.errors import InvalidInputError
+    from sessionfold.runtime.settings import Settings, redact_url
     from sessionfold.service.protocol import server_options
     from uvicorn.supervisors import Multiprocess
 

@@ -23,27 +23,19 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessionfold.core.errors import InvalidInputError
-
-from ..stack import is_loopback
-from ..standin.fakeprovider import FakeProvider, FakeProviderServer, Fault, ReplyFn, echo_reply
-from ..standin.script import load_script
+if TYPE_CHECKING:
+    from ..standin.fakeprovider import FakeProvider, Fault, ReplyFn
 
 __all__ = ["DEFAULT_PORT", "FAULTS", "register"]
 
 #: Where the stand-in listens unless ``--port`` says otherwise (the README's example uses it).
 DEFAULT_PORT = 8787
-#: The errors ``--fault`` can queue, by name.
-FAULTS: Mapping[str, Callable[[], Fault]] = {
-    "overloaded": Fault.overloaded,  # 529
-    "rate-limited": Fault.rate_limited,  # 429, retry-after 1 s
-    "server-error": Fault.server_error,  # 500
-    "bad-request": Fault.bad_request,  # 400, permanent
-}
+#: The errors ``--fault`` can queue, by name (:func:`_faults` makes them).
+FAULTS = ("bad-request", "overloaded", "rate-limited", "server-error")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     standin.add_argument("--context-window", type=_tokens, default=200_000, metavar="N",
                          help="prompts over N tokens are refused as too long, in the API's "
                               "words (default 200000)")
-    standin.add_argument("--fault", action="append", default=[], choices=sorted(FAULTS),
+    standin.add_argument("--fault", action="append", default=[], choices=FAULTS,
                          metavar="KIND",
                          help="answer the next request with this error: overloaded (529), "
                               "rate-limited (429), server-error (500), bad-request (400); "
@@ -108,7 +100,25 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _faults(kinds: Sequence[str]) -> list[Fault]:
+    """The faults ``--fault`` named, in order."""
+    from ..standin.fakeprovider import Fault
+
+    make: Mapping[str, Callable[[], Fault]] = {
+        "overloaded": Fault.overloaded,  # 529
+        "rate-limited": Fault.rate_limited,  # 429, retry-after 1 s
+        "server-error": Fault.server_error,  # 500
+        "bad-request": Fault.bad_request,  # 400, permanent
+    }
+    return [make[kind]() for kind in kinds]
+
+
 def _standin(args: argparse.Namespace) -> int:
+    from sessionfold.core.errors import InvalidInputError
+
+    from ..standin.fakeprovider import FakeProvider, FakeProviderServer
+    from ..standin.script import load_script
+
     provider = FakeProvider(context_window=args.context_window, latency_s=args.latency)
     plays = "echoes every request"
     if args.script is not None:
@@ -116,7 +126,7 @@ def _standin(args: argparse.Namespace) -> int:
         provider.script_reply(*replies)
         provider.reply = _echo_when_played(provider, args.script.name)
         plays = f"plays the {len(replies)} replies of {args.script.name}, then echoes"
-    provider.script(*(FAULTS[kind]() for kind in args.fault))
+    provider.script(*_faults(args.fault))
     try:
         server = FakeProviderServer(provider, args.host, args.port)
     except OSError as exc:  # a busy port, an address this host does not have
@@ -137,6 +147,8 @@ def _standin(args: argparse.Namespace) -> int:
 def _echo_when_played(provider: FakeProvider, name: str) -> ReplyFn:
     """The reply once the script is played out (and to summarizer requests): an echo, the
     first one announced on stderr, so a user sees why the agent's run took another turn."""
+    from ..standin.fakeprovider import echo_reply
+
     told = threading.Lock()
     announced = False
 
@@ -153,6 +165,8 @@ def _echo_when_played(provider: FakeProvider, name: str) -> ReplyFn:
 
 
 def _announce(url: str, plays: str, args: argparse.Namespace) -> None:
+    from ..hosts import is_loopback
+
     lines = [f"sessionfold standin: {url} ({plays}; Ctrl-C stops it)",
              f"  anthropic SDK: ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=standin",
              f"  openai SDK:    OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=standin"]

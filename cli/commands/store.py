@@ -38,13 +38,10 @@ import logging
 import os
 import sys
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessionfold.runtime.settings import Settings
-from sessionfold.service.tenancy import split_store_id
-from sessionfold.store import SessionInfo, SessionStore
-from sessionfold.store.engine import normalize_url
-from sessionfold.store.search import MAX_REINDEX_BATCH
+if TYPE_CHECKING:
+    from sessionfold.store import SessionInfo, SessionStore
 
 __all__ = ["register"]
 
@@ -52,6 +49,9 @@ log = logging.getLogger(__name__)
 
 #: The most sessions one ``list`` prints (the HTTP API pages by the same figure).
 MAX_LIST_LIMIT = 1000
+#: The store's largest reindex batch (``sessionfold.store.search.MAX_REINDEX_BATCH``), written
+#: out for the help so that ``--help`` imports no store (tests/cli/test_cli_lazy.py checks it).
+HELP_MAX_REINDEX_BATCH = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -112,7 +112,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     reindex.add_argument("session", metavar="SESSION", nargs="?", default=None,
                          help="one session id (default: every session flagged as pending)")
     reindex.add_argument("--batch", type=_batch, default=500, metavar="N",
-                         help="ledger rows read per batch (1 to 10000, default 500)")
+                         help=f"ledger rows read per batch (1 to {HELP_MAX_REINDEX_BATCH}, "
+                              "default 500)")
     reindex.add_argument("--database-url", metavar="URL", help=url_help)
     reindex.set_defaults(handler=_reindex)
 
@@ -130,6 +131,8 @@ def _limit(text: str) -> int:
 
 def _batch(text: str) -> int:
     """A batch size (argparse turns the error into a usage error)."""
+    from sessionfold.store.search import MAX_REINDEX_BATCH
+
     try:
         value = int(text)
     except ValueError:
@@ -140,6 +143,10 @@ def _batch(text: str) -> int:
 
 
 def _open(args: argparse.Namespace) -> SessionStore:
+    from sessionfold.runtime.settings import Settings
+    from sessionfold.store import SessionStore
+    from sessionfold.store.engine import normalize_url
+
     # Settings read the environment here, at the entry point, and only when no URL was given.
     url = args.database_url
     if not url:
@@ -217,6 +224,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _listed(info: SessionInfo, last_fold: datetime | None) -> dict[str, Any]:
     """One session as ``list --json`` prints it."""
+    from sessionfold.service.tenancy import split_store_id
+
     tenant, _ = split_store_id(info.id)
     return {"id": info.id, "tenant": tenant, "ledger_messages": info.ledger_len,
             "current_tokens": info.current_tokens, "budget_tokens": info.policy.budget_tokens,

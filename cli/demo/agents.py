@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.messages import Conversation
-from sessionfold.core.session_files import load_conversation_file
 
 from ..standin.opsagent import LateQuestion, generate_session
 

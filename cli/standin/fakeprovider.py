@@ -1002,7 +1002,7 @@ def _image_pixels(raw: bytes) -> tuple[int, int] | None:
     the bytes are not an image Pillow knows, or Pillow is missing."""
     try:
         from PIL import Image
-    except ImportError:  # pragma: no cover (matplotlib, a dependency, brings it)
+    except ImportError:  # Pillow is the demo extra's: without it, the flat figure
         return None
     try:
         with warnings.catch_warnings():

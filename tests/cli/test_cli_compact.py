@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from sessionfold.cli.commands.compact import DEFAULT_BUDGET
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.cli.main import main
 from sessionfold.cli.standin.fakeprovider import FakeProvider, Refusal
 from sessionfold.core.frame import frame_info, summary_frame
 from sessionfold.core.messages import Conversation, check_tool_pairing, parse_messages
 from sessionfold.core.openai_write import to_openai
-from sessionfold.core.session_files import load_conversation_file
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "cli" / "examples"
            / "ops-incident-acct-8842.json")

@@ -30,6 +30,7 @@ from sessionfold.cli.demo import (
 )
 from sessionfold.cli.demo.fleet import AgentRun, QuestionCheck, check_question, drive
 from sessionfold.cli.demo.report import AgentReport, DemoReport, render_report
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.cli.main import main
 from sessionfold.cli.stack import free_port
 from sessionfold.cli.standin.fakeprovider import FakeProvider
@@ -39,7 +40,6 @@ from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.frame import summary_message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import mentions
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.window import RefusalReason
 from sessionfold.runtime.settings import Settings
 from sessionfold.store import SessionStore
@@ -104,6 +104,23 @@ def test_demo_exits_0_and_says_where_flower_metrics_and_the_summarizer_are(demo:
     assert demo.report["summarizer_kind"] == "offline"
     assert demo.report["settled"] is True
     assert demo.report["totals"]["errors"] == 0
+
+
+@pytest.mark.slow
+def test_the_readmes_excerpt_has_the_shape_of_the_report_the_demo_prints(demo: DemoRun) -> None:
+    """The README shows an excerpt of one `make demo` (tools/excerpts.py wrote it): this run's
+    report has the same tables, columns and lines (its figures, ids and rows are its own)."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("sessionfold_tools_excerpts",
+                                                  repo / "tools" / "excerpts.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool  # its dataclasses look their module up
+    spec.loader.exec_module(tool)
+    (block,) = [b for b in tool.blocks(repo / "README.md") if tool.is_demo(b.command)]
+    assert tool.shape_differences(block.text, tool.demo_report(demo.stdout)) == []
 
 
 @pytest.mark.slow

@@ -10,9 +10,9 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault, ToolUse
 from sessionfold.core.retention import check_retention, extract_identifiers
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.tokens import default_counter
 from sessionfold.runtime.providers.anthropic import AnthropicSummarizer
 

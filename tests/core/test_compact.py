@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core import planner as planner_module
 from sessionfold.core.clip import clip_oversized
 from sessionfold.core.compact import FoldVisit, compact, fold_window
@@ -35,7 +36,6 @@ from sessionfold.core.messages import (
 )
 from sessionfold.core.planner import Planner
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.sizes import Sizes
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summary, render_transcript
 from sessionfold.core.tokens import Calibration, TokenCounter, count_text

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.clip import CLIP_TAG, TEXT_CLIP_TAG, clip_oversized
 from sessionfold.core.compact import FoldResult, FoldVisit, compact, fold_window
 from sessionfold.core.errors import TransientSummarizerError
@@ -49,7 +50,6 @@ from sessionfold.core.messages import (
 )
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.retention import extract_identifiers
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer, Summary
 from sessionfold.core.tokens import TokenCounter
 from sessionfold.core.window import CompactionRecord, SummarizerUsage, WindowItem

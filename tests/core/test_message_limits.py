@@ -13,6 +13,7 @@ from typing import Any
 
 import pydantic_core
 import pytest
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.errors import InvalidMessageError, ToolPairingError
 from sessionfold.core.messages import (
     MAX_INT_DIGITS,
@@ -24,7 +25,6 @@ from sessionfold.core.messages import (
     parse_messages,
 )
 from sessionfold.core.openai_shape import from_openai
-from sessionfold.core.session_files import load_conversation_file
 
 
 def nested(levels: int, leaf: Any = "leaf") -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.errors import InvalidInputError, InvalidMessageError, ToolPairingError
 from sessionfold.core.messages import (
     Conversation,
@@ -23,7 +24,7 @@ from sessionfold.core.messages import (
     parse_messages,
 )
 from sessionfold.core.openai_write import to_openai
-from sessionfold.core.session_files import load_conversation, load_conversation_file
+from sessionfold.core.session_files import load_conversation
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 

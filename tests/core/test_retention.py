@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.frame import EarlierFold, notice_message, summary_message
 from sessionfold.core.messages import (
     Conversation,
@@ -24,7 +25,6 @@ from sessionfold.core.retention import (
     identifiers_remembered,
     mentions,
 )
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.window import WindowItem
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"

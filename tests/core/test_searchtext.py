@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.messages import (
     ImageBlock,
@@ -39,7 +40,6 @@ from sessionfold.core.searchtext import (
     token_words,
     tokens,
 )
-from sessionfold.core.session_files import load_conversation_file
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 _CODES = {"u": "_", "d": ".", "s": "/", "b": "\\", "h": "-", "c": ":", "a": "@", "p": "+",

@@ -8,13 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.errors import InvalidMessageError, ToolPairingError
 from sessionfold.core.messages import OpaqueBlock, TextBlock, ToolUseBlock, dump_messages
-from sessionfold.core.session_files import (
-    load_conversation,
-    load_conversation_file,
-    load_conversation_json,
-)
+from sessionfold.core.session_files import load_conversation, load_conversation_json
 
 TOOL_TURN = [
     {"role": "assistant", "content": [

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.compact import compact
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.frame import EarlierFold, summary_message
@@ -26,7 +27,6 @@ from sessionfold.core.retention import (
     extract_identifiers,
     mentions,
 )
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer, render_transcript
 from sessionfold.core.tokens import default_counter
 from sessionfold.core.window import WindowItem

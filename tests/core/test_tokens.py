@@ -70,7 +70,7 @@ def test_short_ascii_texts_count_exactly_what_tiktoken_counts(text: str) -> None
 
 
 def test_every_short_transcript_string_counts_exactly_what_tiktoken_counts() -> None:
-    from sessionfold.core.session_files import load_conversation_file
+    from sessionfold.cli.files import load_conversation_file
 
     checked = 0
     for path in sorted(TRANSCRIPTS.glob("*.json")):

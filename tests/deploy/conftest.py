@@ -6,7 +6,7 @@ of the package. These fixtures expose what the package really offers, so each te
 files to it:
 
 - ``parse_cli(argv)``: parses argv with the real ``sessionfold`` parser
-  (:func:`sessionfold.cli.main.build_parser`); skips when the subcommand is not registered.
+  (:func:`sessionfold.cli.main.build_parser`); fails when the subcommand is not registered.
 - ``settings_env_names``: every environment variable :class:`~sessionfold.runtime.settings.Settings`
   reads.
 - ``settings_from_env(env)``: builds ``Settings`` from exactly ``env`` (nothing inherited from the
@@ -68,9 +68,10 @@ def parse_cli(cli_parser: argparse.ArgumentParser,
 
     def parse(argv: list[str]) -> argparse.Namespace:
         assert argv, "an empty command runs the image's default (--help), not a role"
-        if argv[0] not in registered_subcommands:
-            pytest.skip(f"`sessionfold {argv[0]}` is not registered yet "
-                        f"(registered: {', '.join(sorted(registered_subcommands))})")
+        # A deploy file that starts a role the command lacks is a container that cannot start.
+        assert argv[0] in registered_subcommands, (
+            f"`sessionfold {argv[0]}` is no subcommand "
+            f"(registered: {', '.join(sorted(registered_subcommands))})")
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

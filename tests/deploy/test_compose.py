@@ -322,6 +322,29 @@ def test_settings_accept_each_role_environment(compose: dict[str, Any], name: st
     assert settings.summarizer_kind == "offline"
 
 
+#: What picks and reaches the OpenAI-compatible summarizer: passed through from the host.
+OPENAI_SUMMARIZER_ENV = ("SESSIONFOLD_SUMMARIZER", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+                         "SESSIONFOLD_SUMMARIZER_MODEL", "SESSIONFOLD_SUMMARIZER_CONTEXT_TOKENS")
+
+
+@pytest.mark.parametrize("name", IMAGE_SERVICES)
+def test_each_role_can_be_switched_to_the_openai_summarizer(
+        compose: dict[str, Any], name: str, dockerfile: Any,
+        settings_from_env: Callable[..., Any]) -> None:
+    declared = _environment(compose["services"][name])
+    for key in OPENAI_SUMMARIZER_ENV:
+        assert key in declared and declared[key] is None, (
+            f"{name}: {key} must pass through from the host (as `{key}:`), got {declared.get(key)}")
+    # The host sets two variables; the service then runs the OpenAI provider with its own
+    # default model, not an Anthropic model the file pinned.
+    host = {"SESSIONFOLD_SUMMARIZER": "openai", "OPENAI_API_KEY": "sk-test"}
+    image_env = {k: v for k, v in dockerfile.final.env().items() if k.startswith("SESSIONFOLD_")}
+    env = {k: v for k, v in declared.items() if v is not None}
+    settings = settings_from_env({**image_env, **env, **host})
+    assert settings.summarizer_kind == "openai"
+    assert settings.summarizer_model.startswith("gpt-"), settings.summarizer_model
+
+
 # --- monitoring profile --------------------------------------------------------------------
 
 

@@ -196,6 +196,40 @@ def test_the_build_stage_copies_everything_the_wheel_is_built_from(dockerfile: A
     assert needed <= copied, f"the build stage does not copy {sorted(needed - copied)}"
 
 
+#: The extra (pyproject.toml) each role the image is started with needs beyond the base install;
+#: a role missing here fails the test below, so a new role is placed before it ships.
+ROLE_EXTRAS: dict[str, set[str]] = {
+    "migrate": set(),
+    "worker": {"worker"},
+    "scheduler": {"worker"},
+    "flower": {"worker"},
+    "serve": {"api"},
+}
+
+
+def _image_extras(stage: Any, pattern: str) -> set[str]:
+    runs = " ".join(ins.value for ins in stage.all("RUN"))
+    found = re.search(pattern, runs)
+    assert found, f"update this test: no {pattern!r} in {runs!r}"
+    return set(found.group(1).split(","))
+
+
+def test_the_image_installs_the_extras_its_roles_need(dockerfile: Any, repo: Path) -> None:
+    built = _image_extras(dockerfile.stages[0], r'pip wheel .*"\.\[([\w,]+)\]"')
+    installed = _image_extras(dockerfile.final, r'"sessionfold\[([\w,]+)\]"')
+    assert built == installed, "the wheelhouse holds other extras than the image installs"
+    known = set(_pyproject(repo)["project"]["optional-dependencies"])
+    assert installed <= known, f"no such extra: {sorted(installed - known)}"
+    roles = _image_roles(repo)
+    assert roles <= set(ROLE_EXTRAS), f"which extras does {sorted(roles - set(ROLE_EXTRAS))} need?"
+    needed = set().union(*(ROLE_EXTRAS[role] for role in roles))
+    # The compose file and the manifests point DATABASE_URL at PostgreSQL, and the summarizer
+    # setting may pick the OpenAI-compatible provider.
+    needed |= {"postgres", "openai"}
+    assert needed <= installed, f"the image lacks the extras {sorted(needed - installed)}"
+    assert "demo" not in installed, "the demo's plotting stack does not belong in the image"
+
+
 def test_the_image_environment_names_real_settings(dockerfile: Any,
                                                    settings_env_names: frozenset[str]) -> None:
     env = dockerfile.final.env()
@@ -292,7 +326,7 @@ def image_venv(dockerfile: Any, repo: Path, tmp_path_factory: pytest.TempPathFac
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
     (run,) = build.all("RUN")
-    found = re.fullmatch(r"python -m pip wheel --wheel-dir (\S+) \.", run.value)
+    found = re.fullmatch(r'python -m pip wheel --wheel-dir (\S+) "\.\[[\w,]+\]"', run.value)
     assert found, f"update this test: the build stage now runs {run.value!r}"
     wheels = work / "wheels"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
@@ -382,24 +416,23 @@ def test_the_image_command_serves_every_role(image_venv: Path, repo: Path,
     proc = _sessionfold(image_venv, "--help")
     assert proc.returncode == 0, proc.stderr
     roles = _image_roles(repo)
-    assert {"migrate", "worker", "scheduler", "flower"} <= roles
-    present = sorted(roles & registered_subcommands)
+    assert {"migrate", "worker", "scheduler", "flower", "serve"} <= roles
+    # A role the image is started with that the command lacks is a container that cannot start.
+    assert roles <= registered_subcommands, sorted(roles - registered_subcommands)
     # Every role's --help in one interpreter of the image's virtualenv (one start-up, not five).
-    proc = subprocess.run([str(image_venv / "bin" / "python"), "-c", _ROLE_HELP, *present],
+    proc = subprocess.run([str(image_venv / "bin" / "python"), "-c", _ROLE_HELP, *sorted(roles)],
                           capture_output=True, text=True, timeout=120, cwd=image_venv)
     assert proc.returncode == 0, proc.stderr
-    for role, (code, text) in json.loads(proc.stdout).items():
+    answered = json.loads(proc.stdout)
+    assert set(answered) == roles
+    for role, (code, text) in answered.items():
         assert code == 0 and f"sessionfold {role}" in text, f"sessionfold {role} --help:\n{text}"
-    missing = sorted(roles - registered_subcommands)
-    if missing:
-        pytest.skip(f"not registered yet, so not run from the image: {', '.join(missing)}")
 
 
 @pytest.mark.slow
 def test_the_image_migrates_a_store(image_venv: Path, tmp_path: Path,
                                     registered_subcommands: frozenset[str]) -> None:
-    if "migrate" not in registered_subcommands:
-        pytest.skip("`sessionfold migrate` is not registered yet")
+    assert "migrate" in registered_subcommands, "the image's migrate Job runs `sessionfold migrate`"
     db = tmp_path / "store.db"
     proc = _sessionfold(image_venv, "migrate", env={"DATABASE_URL": f"sqlite:///{db}",
                                                     "SESSIONFOLD_DATA_DIR": str(tmp_path)},

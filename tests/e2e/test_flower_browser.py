@@ -10,7 +10,7 @@ is listed with its id, its session and its outcome, and takes a screenshot.
 
 Chromium is Debian's ``chromium`` package; without it the test skips, and fails under CI (set
 ``CI``). ``SF_FLOWER_SCREENSHOT=docs/flower-tasks.png`` also copies the screenshot there (that is
-how the README's picture is made).
+how the picture in docs/operations.md is made).
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core.compact import FoldResult, FoldVisit, fold_window
 from sessionfold.core.frame import fingerprint, summary_message
 from sessionfold.core.messages import Message, check_tool_pairing
 from sessionfold.core.policy import FoldPolicy
-from sessionfold.core.session_files import load_conversation_file
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.core.window import (
     CompactionRecord,

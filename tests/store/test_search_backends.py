@@ -26,11 +26,11 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionfold.cli.files import load_conversation_file
 from sessionfold.core import searchtext
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from sessionfold.core.searchtext import SearchChunk, SearchQuery, message_chunks, parse_query
-from sessionfold.core.session_files import load_conversation_file
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "transcripts"
 PLANTED = "planted"

@@ -83,8 +83,8 @@ def test_a_window_read_names_each_decoded_items_json_size_and_none_for_a_cached_
     # every shipped transcript message (non-ASCII text, tool inputs, images) and on a summary.
     from pathlib import Path
 
+    from sessionfold.cli.files import load_conversation_file
     from sessionfold.core.compact import FoldVisit, fold_window
-    from sessionfold.core.session_files import load_conversation_file
 
     data = Path(__file__).resolve().parents[1] / "data" / "transcripts"
     for n, path in enumerate(sorted(data.glob("*.json"))):
