@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 from pipeline_harness import postgres_url
-from sessionfold.core.errors import InvalidInputError, RedisUnavailableError, SchemaError
+from sessionfold.core.errors import MissingExtraError, RedisUnavailableError, SchemaError
 from sessionfold.core.summarizers import ExtractiveSummarizer
 from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings
@@ -156,8 +156,10 @@ def test_without_the_openai_package_the_openai_summarizer_says_which_extra_to_in
     monkeypatch.delitem(sys.modules, "sessionfold.runtime.providers.openai", raising=False)
     monkeypatch.setitem(sys.modules, "openai", None)  # import openai: ModuleNotFoundError
     settings = Settings(data_dir=tmp_path, summarizer="openai", openai_api_key="sk-test")
-    with pytest.raises(InvalidInputError, match=r"sessionfold\[openai\]"):
+    with pytest.raises(MissingExtraError, match=r"summarizer 'openai' needs the openai extra: "
+                       r"pip install 'sessionfold\[openai\]'") as caught:
         make_summarizer(settings)
+    assert caught.value.extra == "openai"
 
 
 def test_an_inline_guard_never_waits_for_a_slot_and_a_background_one_does(
