@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias, overload
 
+from .errors import InvalidInputError
 from .evolve import evolve
 from .layers import with_edit
 from .messages import Block, DocumentBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
@@ -302,11 +303,11 @@ def clip_oversized(target: WindowItem | Message, seq: int | None, max_tokens: in
     :func:`_clip_message`), and its clipped texts fit their shares again.
     """
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        raise InvalidInputError(f"max_tokens must be positive, got {max_tokens}")
     c = counter or default_counter()
     if isinstance(target, Message):
         if seq is None:
-            raise ValueError("clip_oversized needs the ledger seq of a bare message")
+            raise InvalidInputError("clip_oversized needs the ledger seq of a bare message")
         return _clip_message(target, seq, max_tokens, c) or target
     if target.kind != "message":
         return target

@@ -23,7 +23,9 @@ translated where they enter (``raise Mapped(msg) from exc``)::
     ├── SchemaError                    the database schema is missing or newer than this code
     ├── StoreError                     the store's database failed; the transaction rolled back
     ├── RedisUnavailableError          Redis could not be reached, timed out, or refused a command
-    └── MissingExtraError              a role's optional dependencies (an extra) are not installed
+    ├── MissingExtraError              a role's optional dependencies (an extra) are not installed
+    └── MisuseError                    called in a way never supported (a bug in the caller)
+        └── UnsupportedModelError      a pydantic model class the fast copy or decoder cannot take
 """
 
 from __future__ import annotations
@@ -211,3 +213,15 @@ class MissingExtraError(SessionfoldError):
         (:data:`EXTRA_OF_MODULE`); None when it does not (a broken install: let it raise)."""
         extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
         return None if extra is None else cls(what, extra)
+
+
+class MisuseError(SessionfoldError, RuntimeError):
+    """sessionfold was called in a way it never supports: a step out of order (metrics made
+    multiprocess after the first was recorded), a class it cannot handle. A bug in the calling
+    code, not bad data; the message says what to do instead."""
+
+
+class UnsupportedModelError(MisuseError, TypeError):
+    """A pydantic model class the fast copy (:func:`~.evolve.evolve`) or the store's decoder
+    cannot take (it has private attributes): copy it with ``model_copy``, decode it by
+    validation."""

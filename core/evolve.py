@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from .errors import InvalidInputError, UnsupportedModelError
+
 __all__ = ["evolve"]
 
 
@@ -36,7 +38,7 @@ def evolve(model: _Model, **changes: Any) -> _Model:
         fields = _evolvable(cls)
     if not fields.issuperset(changes):
         unknown = sorted(set(changes) - fields)
-        raise ValueError(f"{cls.__name__} has no field {unknown[0]!r}")
+        raise InvalidInputError(f"{cls.__name__} has no field {unknown[0]!r}")
     copy = _new(cls)
     _set(copy, "__dict__", {**model.__dict__, **changes})
     _set(copy, "__pydantic_fields_set__", model.__pydantic_fields_set__.union(changes))
@@ -52,6 +54,7 @@ _EVOLVABLE: dict[type[BaseModel], frozenset[str]] = {}
 
 def _evolvable(cls: type[BaseModel]) -> frozenset[str]:
     if cls.__private_attributes__:
-        raise TypeError(f"{cls.__name__} has private attributes; copy it with model_copy")
+        raise UnsupportedModelError(
+            f"{cls.__name__} has private attributes; copy it with model_copy")
     fields = _EVOLVABLE[cls] = frozenset(cls.__pydantic_fields__)
     return fields

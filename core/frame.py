@@ -43,6 +43,7 @@ from typing import Literal
 
 from pydantic import Field, TypeAdapter
 
+from .errors import InvalidInputError
 from .jsonvalues import replace_lone_surrogates
 from .messages import Message, TextBlock
 from .window import WindowItem
@@ -116,9 +117,9 @@ class FrameInfo:
 
 def _check_range(start_seq: int, end_seq: int, message_count: int) -> None:
     if start_seq < 0 or end_seq < start_seq:
-        raise ValueError(f"need 0 <= start_seq <= end_seq, got {start_seq}..{end_seq}")
+        raise InvalidInputError(f"need 0 <= start_seq <= end_seq, got {start_seq}..{end_seq}")
     if message_count < 1:
-        raise ValueError(f"message_count must be at least 1, got {message_count}")
+        raise InvalidInputError(f"message_count must be at least 1, got {message_count}")
 
 
 def _clean_model(model: str) -> str:
@@ -299,7 +300,7 @@ def summary_body(item: WindowItem) -> str:
     earlier summary, whatever they look like.
     """
     if item.kind == "message":
-        raise ValueError(f"window item #{item.start_seq} is a message, not a summary")
+        raise InvalidInputError(f"window item #{item.start_seq} is a message, not a summary")
     if item.kind == "notice":
         return ""
     return item.message.text().partition("\n")[2]
@@ -324,7 +325,7 @@ class EarlierFold(Message):
     def of(cls, item: WindowItem) -> EarlierFold:
         """The summarizer's view of a summary or notice item (ValueError for a message item)."""
         if item.kind == "message":
-            raise ValueError(f"window item #{item.start_seq} is a message, not a summary")
+            raise InvalidInputError(f"window item #{item.start_seq} is a message, not a summary")
         return cls(role=item.message.role, content=item.message.content, fold_kind=item.kind,
                    start_seq=item.start_seq, end_seq=item.end_seq, body=summary_body(item))
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from .errors import InvalidInputError
 from .evolve import evolve
 from .messages import (
     Block,
@@ -296,7 +297,7 @@ def drop_recall_items(items: Sequence[WindowItem],
     and a later drop may take it along into a longer one.
     """
     if not items or any(item.kind != "recall" for item in items):
-        raise ValueError("drop_recall_items takes recall items only")
+        raise InvalidInputError("drop_recall_items takes recall items only")
     start, end = items[0].start_seq, items[-1].end_seq
     message = recall_dropped_message(start, end)
     return WindowItem(start_seq=start, end_seq=end, kind="recall", message=message,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from .errors import InvalidInputError
 from .frame import EarlierFold
 from .messages import Message, TextBlock, ToolUseBlock
 
@@ -243,7 +244,7 @@ def extract_identifiers(messages: Sequence[Message], *, exclude: str = "",
     text) already mentions are left out: they are that summary's to keep.
     """
     if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+        raise InvalidInputError(f"limit must be >= 0, got {limit}")
     authored = tuple(m for m in messages if not isinstance(m, EarlierFold))
     remembered = _REMEMBERED.get()
     if remembered is None:
@@ -296,7 +297,7 @@ def excerpts(messages: Sequence[Message], identifiers: Sequence[str], *,
     of the whole span again: the places the missing identifiers came from, in context.
     """
     if width < 1:
-        raise ValueError(f"width must be at least 1, got {width}")
+        raise InvalidInputError(f"width must be at least 1, got {width}")
     found: dict[int, dict[tuple[int, int], str]] = {}  # message -> (text, cut) -> excerpt
     for identifier in dict.fromkeys(i for i in identifiers if i):
         latest = _latest_mention(messages, _token_pattern(identifier))
@@ -341,7 +342,7 @@ def check_retention(summary_text: str, identifiers: Sequence[str],
     """Which of ``identifiers`` ``summary_text`` mentions, and whether that is at least
     ``minimum`` (a fraction in [0, 1]) of them. No identifiers: ratio 1.0, ok."""
     if not 0 <= minimum <= 1:
-        raise ValueError(f"minimum must be a fraction in [0, 1], got {minimum}")
+        raise InvalidInputError(f"minimum must be a fraction in [0, 1], got {minimum}")
     unique = list(dict.fromkeys(identifiers))
     kept = tuple(i for i in unique if mentions(summary_text, i))
     missing = tuple(i for i in unique if i not in kept)

@@ -206,8 +206,8 @@ def index_word(piece: str) -> str:
     ``piece`` holds no whitespace (no token does).
     """
     if not piece or any(c.isspace() for c in piece):
-        raise ValueError(f"an index word is made from one piece without whitespace, "
-                         f"got {piece[:40]!r}")
+        raise InvalidInputError("an index word is made from one piece without whitespace, "
+                                f"got {piece[:40]!r}")
     return _encode(piece)
 
 
@@ -348,7 +348,7 @@ def split_chunks(text: str, chunk_chars: int = CHUNK_CHARS) -> list[tuple[int, s
     """``text`` as ``(offset, piece)`` pairs of at most ``chunk_chars`` characters each, cut
     between tokens where possible; the pieces concatenate to ``text``."""
     if chunk_chars < 1:
-        raise ValueError(f"chunk_chars must be at least 1, got {chunk_chars}")
+        raise InvalidInputError(f"chunk_chars must be at least 1, got {chunk_chars}")
     out: list[tuple[int, str]] = []
     start = 0
     while start < len(text):
@@ -475,7 +475,8 @@ def _match(match: str) -> Match:
     try:
         return _MATCHES[match]
     except KeyError:
-        raise ValueError(f"match must be one of {', '.join(_MATCHES)}; got {match!r}") from None
+        raise InvalidInputError(
+            f"match must be one of {', '.join(_MATCHES)}; got {match!r}") from None
 
 
 def _term(token: str) -> QueryTerm | None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sessionfold.core.errors import InvalidInputError
 from sessionfold.store.partitions import partition_of
 
 if TYPE_CHECKING:
@@ -75,17 +76,18 @@ class Keys:
 
     def __post_init__(self) -> None:
         if not self.prefix:
-            raise ValueError("the Redis key prefix must not be empty: it separates deployments")
+            raise InvalidInputError(
+                "the Redis key prefix must not be empty: it separates deployments")
         if not self.stream:
-            raise ValueError("the usage stream name must not be empty")
+            raise InvalidInputError("the usage stream name must not be empty")
         if any(c in "{}" for c in self.prefix + self.stream):
             # Redis Cluster hashes the first {...} of a key: a brace here would take the place
             # of the partition's hash tag and split a partition's keys over several slots.
-            raise ValueError("the Redis key prefix and stream name must not contain { or }: "
+            raise InvalidInputError("the Redis key prefix and stream name must not contain { or }: "
                              f"keys carry a hash tag of their own, got {self.prefix!r}")
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) \
                 or self.partitions < 1:
-            raise ValueError(f"the partition count must be an integer >= 1, "
+            raise InvalidInputError(f"the partition count must be an integer >= 1, "
                              f"got {self.partitions!r}")
 
     @classmethod
@@ -101,7 +103,7 @@ class Keys:
     def tag(self, partition: int) -> str:
         """The Redis Cluster hash tag of a partition: all its keys share one slot."""
         if not 0 <= partition < self.partitions:
-            raise ValueError(f"partition {partition} is not in 0..{self.partitions - 1}")
+            raise InvalidInputError(f"partition {partition} is not in 0..{self.partitions - 1}")
         return f"{{p{partition}}}"
 
     def partition_lease(self, partition: int) -> str:
@@ -149,7 +151,7 @@ class Keys:
         head = f"{self.prefix}lock:fold:"
         tag, sep, sid = text[len(head):].partition("}:")
         if not text.startswith(head) or not sep or not tag.startswith("{p"):
-            raise ValueError(f"not a fold lock key of prefix {self.prefix!r}: {text!r}")
+            raise InvalidInputError(f"not a fold lock key of prefix {self.prefix!r}: {text!r}")
         return sid
 
     def pending_batches(self, partition: int) -> str:
@@ -177,7 +179,7 @@ class Keys:
         the partition's hash tag, like every per-session key).
         """
         if isinstance(incarnation, bool) or not isinstance(incarnation, int):
-            raise ValueError(f"an incarnation must be an integer, got {incarnation!r}")
+            raise InvalidInputError(f"an incarnation must be an integer, got {incarnation!r}")
         tag = self.tag(self.partition_of(session_id))
         return f"{self.prefix}summarizer:spend:{tag}:{incarnation}:{session_id}"
 
@@ -197,7 +199,8 @@ class Keys:
 
 def _id(value: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"an id inside a Redis key must be a non-empty string, got {value!r}")
+        raise InvalidInputError(
+            f"an id inside a Redis key must be a non-empty string, got {value!r}")
     return value
 
 

@@ -61,7 +61,7 @@ from prometheus_client import (
     start_http_server,
     values,
 )
-from sessionfold.core.errors import InvalidInputError
+from sessionfold.core.errors import InvalidInputError, MisuseError
 from sessionfold.core.window import CompactionRecord, Outcome, RefusalReason, Trigger
 
 if TYPE_CHECKING:
@@ -402,7 +402,7 @@ def enable_multiprocess(directory: Path, *, clean: bool = True) -> None:
     :func:`~sessionfold.runtime.exporter.join_host_metrics`, which never wipes a live one's.
     """
     if _default is not None and multiprocess_dir() is None:
-        raise RuntimeError("enable_multiprocess() must run before the first metric is recorded")
+        raise MisuseError("enable_multiprocess() must run before the first metric is recorded")
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if clean:

@@ -25,7 +25,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from sessionfold.core.errors import RedisUnavailableError, TransientSummarizerError
+from sessionfold.core.errors import (
+    InvalidInputError,
+    RedisUnavailableError,
+    TransientSummarizerError,
+)
 from sessionfold.core.messages import Message
 from sessionfold.core.summarizers import Summarizer, Summary
 
@@ -62,7 +66,7 @@ class SummarizerSlots:
     def __init__(self, client: RedisClient, key: str, limit: int, *, ttl_s: float,
                  wait_s: float = 5.0, retry_after_s: float = 5.0) -> None:
         if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
+            raise InvalidInputError(f"limit must be at least 1, got {limit}")
         self._client = client
         self._key = key
         self.limit = limit

@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.window import WindowItem
 
 __all__ = ["DEFAULT_ITEMS", "ItemCache", "ItemKey"]
@@ -41,7 +42,7 @@ class ItemCache:
 
     def __init__(self, capacity: int = DEFAULT_ITEMS) -> None:
         if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
+            raise InvalidInputError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity
         # Eviction drops the oldest insert (no LRU bookkeeping on the read path; an evicted item
         # that is still read is simply fetched again). OrderedDict, not dict: a plain dict

@@ -21,6 +21,7 @@ from typing import Any
 
 import pydantic_core
 from pydantic import BaseModel
+from sessionfold.core.errors import UnsupportedModelError
 from sessionfold.core.messages import (
     BLOCK_TYPES,
     DocumentBlock,
@@ -107,7 +108,8 @@ class _Trusted:
 
     def __init__(self, cls: type[BaseModel]) -> None:
         if cls.__private_attributes__:
-            raise TypeError(f"{cls.__name__} has private attributes; decode it by validation")
+            raise UnsupportedModelError(
+                f"{cls.__name__} has private attributes; decode it by validation")
         self.cls = cls
         self.fields = frozenset(cls.model_fields)
         self.size = len(self.fields)

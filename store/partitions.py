@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 
+from sessionfold.core.errors import InvalidInputError
+
 __all__ = ["HASH_BITS", "partition_of", "session_hash"]
 
 #: Width of :func:`session_hash`: fits a signed 32-bit integer column on every backend.
@@ -35,5 +37,5 @@ def session_hash(session_id: str) -> int:
 def partition_of(session_id: str, partitions: int) -> int:
     """The partition of ``session_id`` among ``partitions`` (0-based)."""
     if partitions < 1:
-        raise ValueError(f"the partition count must be at least 1, got {partitions}")
+        raise InvalidInputError(f"the partition count must be at least 1, got {partitions}")
     return session_hash(session_id) % partitions

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sessionfold.core.errors import InvalidInputError
 from sqlalchemy.engine import Dialect
 
 __all__ = [
@@ -66,7 +67,8 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            raise ValueError("naive datetime given to the session store; use UTC-aware values")
+            raise InvalidInputError(
+                "naive datetime given to the session store; use UTC-aware values")
         value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sessionfold.core.errors import SessionNotFoundError
+from sessionfold.core.errors import SessionNotFoundError, StoreError
 from sessionfold.core.window import WindowItem
 from sqlalchemy.engine import Connection
 
@@ -118,9 +118,9 @@ def _refetch(conn: Connection, sid: str, rows: Sequence[Any],
             _REFETCH_QUERY, {"sid": sid, "starts": list(index)}):
         i = index[start]
         if version != rows[i][_VERSION]:  # a snapshot cannot change
-            raise RuntimeError(f"window item #{start} of {sid!r} changed inside one snapshot")
+            raise StoreError(f"window item #{start} of {sid!r} changed inside one snapshot")
         got[i] = (message, edits)
     missing = [rows[i][_START] for i in wanted if i not in got]
     if missing:  # nor lose rows
-        raise RuntimeError(f"window items {missing} of {sid!r} vanished inside one snapshot")
+        raise StoreError(f"window items {missing} of {sid!r} vanished inside one snapshot")
     return got

@@ -23,6 +23,7 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
+from sessionfold.core.errors import InvalidInputError
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import RedisClient, mapped_errors
 
@@ -53,7 +54,7 @@ class FoldLock:
 
     def __init__(self, client: RedisClient, keys: Keys, *, ttl_ms: int) -> None:
         if ttl_ms <= 0:
-            raise ValueError(f"lock ttl must be positive, got {ttl_ms} ms")
+            raise InvalidInputError(f"lock ttl must be positive, got {ttl_ms} ms")
         self._client = client
         self._keys = keys
         self.ttl_ms = ttl_ms

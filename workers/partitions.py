@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sessionfold.core.errors import InvalidInputError
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import RedisClient, mapped_errors
 
@@ -95,7 +96,7 @@ class PartitionLeases:
     def __init__(self, client: RedisClient, keys: Keys, *, member: str, ttl_ms: int,
                  clock: Callable[[], float] = time.time) -> None:
         if ttl_ms <= 0:
-            raise ValueError(f"the lease time must be positive, got {ttl_ms} ms")
+            raise InvalidInputError(f"the lease time must be positive, got {ttl_ms} ms")
         self._client = client
         self._keys = keys
         self.member = member
