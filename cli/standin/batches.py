@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from sessionfold.core.errors import InvalidInputError
+
 __all__ = ["BatchAnswer", "BatchDesk", "BatchOutcome"]
 
 #: How the next batch ends, instead of answering its requests.
@@ -98,7 +100,7 @@ class BatchDesk:
     def __init__(self, answer: AnswerFn, *, delay_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if delay_s < 0:
-            raise ValueError(f"delay_s must not be negative, got {delay_s}")
+            raise InvalidInputError(f"delay_s must not be negative, got {delay_s}")
         self.answer = answer
         self.delay_s = delay_s
         self.clock = clock

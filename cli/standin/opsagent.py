@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.messages import Conversation, parse_messages
 
 __all__ = ["SYSTEM_PROMPT", "LateQuestion", "OpsSession", "generate_session"]
@@ -158,7 +159,7 @@ def generate_session(agent: int, turns: int = 160, seed: int = 7) -> OpsSession:
     ticket and config file. Only a window that kept them from the early turns can answer.
     """
     if turns < 10:
-        raise ValueError(f"turns must be at least 10, got {turns}")
+        raise InvalidInputError(f"turns must be at least 10, got {turns}")
     rng = random.Random(f"{seed}:{agent}")
     first = _Incident(_acct(rng), _ticket(rng), rng.choice(_CONFIGS))
     second = first
