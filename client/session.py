@@ -70,7 +70,6 @@ fold, which the client runs with its guarded summarizer and counts.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -112,6 +111,7 @@ from .shapes import (
     partial_answer,
     resolve_shape,
 )
+from .usage_report import response_usage, with_prompt_tokens
 from .window_view import WindowView, rendered, view_of
 
 __all__ = ["Connection", "SessionHandle"]
@@ -144,13 +144,6 @@ class Connection(Protocol):
                             timeout_s: float) -> bool:
         """Wait for the background fold on its way to move the window past ``revision``."""
         ...
-
-
-def _response_usage(response: Any) -> tuple[Any, str | None]:
-    """``(usage, model)`` of a provider response: an SDK object or a dict."""
-    if isinstance(response, Mapping):
-        return response.get("usage"), response.get("model")
-    return getattr(response, "usage", None), getattr(response, "model", None)
 
 
 class SessionHandle:
@@ -436,7 +429,7 @@ class SessionHandle:
             # The report names the stored window's (revision, seq): it must measure that window,
             # not the guarded request, or the session would look smaller than it is (no
             # background fold would come) and the calibration would learn a false offset.
-            event = _adjusted(event, unsent_tokens)
+            event = with_prompt_tokens(event, unsent_tokens)
         if event.prompt_tokens == 0:
             self.unmeasured += 1
             if self.unmeasured == 1:
@@ -558,7 +551,7 @@ class SessionHandle:
         """Count one model call of :meth:`call` and publish its usage (see
         :meth:`_report_usage` for ``unsent_tokens``)."""
         self.calls += 1
-        usage, model = _response_usage(reply)
+        usage, model = response_usage(reply)
         if usage is None:
             self.unmeasured += 1
             if self.unmeasured == 1:
@@ -579,22 +572,6 @@ class SessionHandle:
             self.session_id, recall_exchange(reply, calls, answers), recall=True,
             key=f"recall-{key}" if key else None))
         self.recall_rounds += 1
-
-def _adjusted(event: UsageEvent, tokens: int) -> UsageEvent:
-    """``event`` measuring ``tokens`` more (or fewer) prompt tokens: added to its uncached
-    input, or taken from it and then from its cache reads and writes, never below 0 (only the
-    prompt's total is read by the scheduler and the calibration)."""
-    if tokens >= 0:
-        return dataclasses.replace(event, input_tokens=event.input_tokens + tokens)
-    left = -tokens
-    parts = []
-    for value in (event.input_tokens, event.cache_read_input_tokens,
-                  event.cache_creation_input_tokens):
-        take = min(value, left)
-        parts.append(value - take)
-        left -= take
-    return dataclasses.replace(event, input_tokens=parts[0], cache_read_input_tokens=parts[1],
-                               cache_creation_input_tokens=parts[2])
 
 
 def _block_dict(raw: Any) -> dict[str, Any]:
