@@ -277,15 +277,15 @@ class Settings(BaseSettings):
     #: How long the scheduler trusts what it read of a session (policy, paused) at least; the
     #: usage path trusts it as long as its last store write of the session's size is fresh
     #: (scheduler_store_refresh_s). Changes made through sessionfold nudge it. See
-    #: workers.scheduler.
+    #: workers.session_cache.
     scheduler_policy_cache_s: float = Field(default=5.0, ge=0)
     #: While behind, how long reports of sessions under their trigger may wait to be written
-    #: to the store (coalescing them); 0 writes every batch. See workers.scheduler.
+    #: to the store (coalescing them); 0 writes every batch. See workers.usage_intake.
     scheduler_store_flush_ms: int = Field(default=250, ge=0, le=10_000)
     #: A session under its trigger has its measured size written to the store at most once
     #: per this many seconds by a scheduler (the reports between are deferred: only their call
     #: time is kept); reports past the trigger are always written. 0 writes every report. See
-    #: workers.scheduler.
+    #: workers.usage_intake.
     scheduler_store_refresh_s: float = Field(default=300.0, ge=0)
     #: One fold job per session: the lock covers the job's queue wait and its run.
     lock_ttl_s: float = Field(default=900.0, gt=0)

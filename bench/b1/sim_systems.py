@@ -65,7 +65,8 @@ from sessionfold.runtime.settings import Settings
 from sessionfold.runtime.usage import Event, NudgeEvent, UsageEvent
 from sessionfold.runtime.wiring import batch_offer
 from sessionfold.store import SessionStore
-from sessionfold.workers.scheduler import _report, skip_reason
+from sessionfold.workers.scheduler import skip_reason
+from sessionfold.workers.usage_intake import _report
 
 from .counting import Counter, Request
 from .fakes import MODEL_SECONDS, FakeSummarizer
