@@ -13,20 +13,40 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
-from sessionfold.core.errors import SessionNotFoundError
+from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.window import CompactionRecord, Trigger
 from sqlalchemy.engine import Connection
 
-from .claims import earlier_incarnation
+from .claims import check_incarnation, check_job_id, earlier_incarnation
+from .db import Database
 from .dead_letters import insert_dead_letter
 from .fold_commit import record_visit_locked
 from .results import GaveUp
-from .sessions import lock_session, update_session
+from .sessions import check_session_id, lock_session, update_session
 
-__all__ = ["give_up_locked"]
+__all__ = ["give_up_job", "give_up_locked"]
+
+
+def give_up_job(db: Database, sid: str, job_id: str, reason: str, attempts: int,
+                payload: Mapping[str, Any], *, trigger: Trigger, pause: bool,
+                epoch: int | None, incarnation: int | None) -> GaveUp:
+    """:meth:`SessionStore.give_up <.store.SessionStore.give_up>`: the arguments checked, then
+    :func:`give_up_locked` in one transaction."""
+    sid = check_session_id(sid)
+    job_id = check_job_id(job_id)
+    if not isinstance(pause, bool):
+        raise InvalidInputError(f"pause must be True or False, got {pause!r}")
+    if trigger not in get_args(Trigger):
+        raise InvalidInputError(f"trigger must be one of {', '.join(get_args(Trigger))}, "
+                                f"got {trigger!r}")
+    if epoch is not None and check_incarnation(incarnation) is None:
+        raise InvalidInputError("a claim to release is named by its epoch and incarnation")
+    with db.write() as conn:
+        return give_up_locked(conn, sid, job_id, reason, attempts, payload, trigger=trigger,
+                              pause=pause, epoch=epoch, incarnation=incarnation, now=db.now())
 
 
 def give_up_locked(conn: Connection, sid: str, job_id: str, reason: str, attempts: int,

@@ -1,4 +1,5 @@
-"""Session rows: create, look up, lock, change policy, pause, list, find over trigger, delete.
+"""Session rows: check ids and prompts, create, look up, lock, change policy, pause, list,
+find over trigger, delete.
 
 A session row carries everything a writer decides on (next seq, revision, fold fence, sizes), so
 every write transaction starts by locking it (:func:`lock_session`): appends, usage reports,
@@ -15,12 +16,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sessionfold.core.economics import opening_trigger_tokens
-from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
+from sessionfold.core.errors import InvalidInputError, SessionNotFoundError, StoreError
 from sessionfold.core.messages import find_lone_surrogate
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import Calibration, TokenCounter
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Row
 
+from .db import Database
 from .results import BatchMark, SessionInfo
 from .schema import (
     append_keys,
@@ -37,9 +40,12 @@ from .schema import (
 
 __all__ = [
     "check_session_id",
+    "check_system",
+    "create_session",
     "current_tokens",
     "delete_session",
     "insert_session",
+    "is_session_id",
     "last_folds",
     "list_sessions",
     "load_session",
@@ -76,6 +82,35 @@ def check_policy(policy: object) -> FoldPolicy:
     if not isinstance(policy, FoldPolicy):
         raise InvalidInputError(f"policy must be a FoldPolicy, got {type(policy).__name__}")
     return policy
+
+
+def check_system(system: object) -> str:
+    """A system prompt is text both backends store as given.
+
+    NUL is refused rather than escaped: PostgreSQL text cannot hold it (SQLite can), and a
+    prompt is written by the agent's developer, not captured from a tool, so a NUL in it is a
+    bug upstream; refusing keeps the backends alike without an encoding every reader of the
+    column would have to know. (Messages keep NUL: they are JSON, which escapes it.)
+    """
+    if not isinstance(system, str):
+        raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
+    if "\x00" in system:
+        raise InvalidInputError(f"system must not contain NUL (\\x00, at character "
+                                f"{system.index(chr(0))}); PostgreSQL text cannot hold it")
+    at = find_lone_surrogate(system)
+    if at is not None:
+        raise InvalidInputError(f"system holds a lone surrogate at character {at}; text must be "
+                                "valid Unicode (UTF-8 cannot encode it)")
+    return system
+
+
+def is_session_id(sid: object) -> bool:
+    """Whether ``sid`` is an id a session could have (:func:`check_session_id` passes it)."""
+    try:
+        check_session_id(sid)
+    except InvalidInputError:
+        return False
+    return True
 
 
 def current_tokens(*, measured_tokens: int | None, pending_tokens: int, system_tokens: int,
@@ -205,6 +240,32 @@ def insert_session(conn: Connection, sid: str, policy: FoldPolicy, system: str, 
         last_visit_at=None, created_at=now, updated_at=now,
         incarnation=secrets.randbits(62), abandoned_folds=0, calls=0, fold_lag_calls=None,
     ))
+
+
+def create_session(db: Database, sid: str, policy: FoldPolicy, system: str, *,
+                   exist_ok: bool, counter: TokenCounter) -> SessionInfo:
+    """Create the session (arguments already checked) and return it; with ``exist_ok`` an
+    existing session of that id is returned instead of refused."""
+    try:
+        return _create_session(db, sid, policy, system, exist_ok=exist_ok, counter=counter)
+    except StoreError as exc:
+        if not isinstance(exc.__cause__, sa_exc.IntegrityError):
+            raise
+        # PostgreSQL: a concurrent create of the same id won the insert. Look again.
+        return _create_session(db, sid, policy, system, exist_ok=exist_ok, counter=counter)
+
+
+def _create_session(db: Database, sid: str, policy: FoldPolicy, system: str, *,
+                    exist_ok: bool, counter: TokenCounter) -> SessionInfo:
+    with db.write() as conn:
+        try:
+            existing = load_session(conn, sid)
+        except SessionNotFoundError:
+            insert_session(conn, sid, policy, system, now=db.now(), counter=counter)
+            return session_info(load_session(conn, sid))
+        if not exist_ok:
+            raise InvalidInputError(f"session {sid!r} already exists")
+        return session_info(existing)
 
 
 def set_policy(conn: Connection, sid: str, policy: FoldPolicy, *, now: datetime) -> None:

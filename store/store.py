@@ -18,20 +18,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, get_args
+from typing import Any
 
 from sessionfold.core.compact import FoldResult
-from sessionfold.core.errors import (
-    InvalidInputError,
-    SessionNotFoundError,
-    StaleSpanError,
-    StoreError,
-)
-from sessionfold.core.messages import Message, find_lone_surrogate
+from sessionfold.core.errors import InvalidInputError, SessionNotFoundError
+from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.core.tokens import TokenCounter, default_counter
 from sessionfold.core.window import CompactionRecord, Trigger
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from . import (
@@ -41,6 +35,7 @@ from . import (
     dead_letters,
     export,
     fold_commit,
+    fold_visit,
     ledger,
     notify,
     pruning,
@@ -53,7 +48,7 @@ from .api_keys import ApiKeyInfo
 from .cache import DEFAULT_ITEMS, ItemCache
 from .db import Clock, Database
 from .engine import create_store_engine, default_sqlite_url, normalize_url
-from .give_up import give_up_locked
+from .give_up import give_up_job
 from .migrate import check_schema, upgrade
 from .notify import WindowState
 from .results import (
@@ -84,40 +79,6 @@ def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidInputError(f"limit must be a positive integer, got {limit!r}")
     return limit
-
-
-def _check_system(system: object) -> str:
-    """A system prompt is text both backends store as given.
-
-    NUL is refused rather than escaped: PostgreSQL text cannot hold it (SQLite can), and a
-    prompt is written by the agent's developer, not captured from a tool, so a NUL in it is a
-    bug upstream; refusing keeps the backends alike without an encoding every reader of the
-    column would have to know. (Messages keep NUL: they are JSON, which escapes it.)
-    """
-    if not isinstance(system, str):
-        raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    if "\x00" in system:
-        raise InvalidInputError(f"system must not contain NUL (\\x00, at character "
-                                f"{system.index(chr(0))}); PostgreSQL text cannot hold it")
-    at = find_lone_surrogate(system)
-    if at is not None:
-        raise InvalidInputError(f"system holds a lone surrogate at character {at}; text must be "
-                                "valid Unicode (UTF-8 cannot encode it)")
-    return system
-
-
-def _valid_id(sid: object) -> bool:
-    try:
-        sessions.check_session_id(sid)
-    except InvalidInputError:
-        return False
-    return True
-
-
-def _stale(sid: str, job_id: str | None, reason: str, what: str) -> StaleSpanError:
-    by = f" by job {job_id!r}" if job_id else ""
-    return StaleSpanError(f"{what} of session {sid!r}{by} is stale: {reason}; nothing of it was "
-                          "written but its stale record")
 
 
 class SessionStore:
@@ -180,27 +141,9 @@ class SessionStore:
                        exist_ok: bool = False) -> SessionInfo:
         sid = sessions.check_session_id(sid)
         policy = sessions.check_policy(policy)
-        system = _check_system(system)
-        try:
-            return self._create_session(sid, policy, system, exist_ok=exist_ok)
-        except StoreError as exc:
-            if not isinstance(exc.__cause__, sa_exc.IntegrityError):
-                raise
-            # PostgreSQL: a concurrent create of the same id won the insert. Look again.
-            return self._create_session(sid, policy, system, exist_ok=exist_ok)
-
-    def _create_session(self, sid: str, policy: FoldPolicy, system: str, *,
-                        exist_ok: bool) -> SessionInfo:
-        with self._db.write() as conn:
-            try:
-                existing = sessions.load_session(conn, sid)
-            except SessionNotFoundError:
-                sessions.insert_session(conn, sid, policy, system, now=self._db.now(),
-                                        counter=self.counter)
-                return sessions.session_info(sessions.load_session(conn, sid))
-            if not exist_ok:
-                raise InvalidInputError(f"session {sid!r} already exists")
-            return sessions.session_info(existing)
+        system = sessions.check_system(system)
+        return sessions.create_session(self._db, sid, policy, system, exist_ok=exist_ok,
+                                       counter=self.counter)
 
     def get_session(self, sid: str) -> SessionInfo:
         sid = sessions.check_session_id(sid)
@@ -216,7 +159,7 @@ class SessionStore:
         simply missing from the result: the caller asks about ids it was told of, not ids it
         vouches for.
         """
-        wanted = sorted({sid for sid in sids if _valid_id(sid)})
+        wanted = sorted({sid for sid in sids if sessions.is_session_id(sid)})
         if not wanted:
             return {}
         with self._db.read() as conn:
@@ -257,7 +200,7 @@ class SessionStore:
     def last_fold_times(self, sids: Iterable[str]) -> dict[str, datetime]:
         """When each of ``sids`` last had a fold committed, by id; a session never folded (or
         absent, or with an id no session could have) is missing."""
-        wanted = sorted({sid for sid in sids if _valid_id(sid)})
+        wanted = sorted({sid for sid in sids if sessions.is_session_id(sid)})
         if not wanted:
             return {}
         with self._db.read() as conn:
@@ -452,18 +395,10 @@ class SessionStore:
         between the claim and the read. The summarizer is called after it, with no
         transaction open; :meth:`finish_fold` writes what the visit came to.
         """
-        sid = sessions.check_session_id(sid)
-        job_id = claims.check_job_id(job_id)
-        with self._db.write() as conn:
-            claim, row = claims.claim_session(
-                conn, sid, job_id, enqueued_epoch=enqueued_epoch, lease_s=lease_s, force=force,
-                clock=self._db.lease_now, max_abandoned=max_abandoned, incarnation=incarnation)
-            if not claim.claimed:
-                return FoldContext(claim)
-            window = windows.read_window(conn, sid, self.item_cache)
-            info = sessions.session_info(row)  # the row the claim locked, as it left it
-            latched = frozenset(fold_commit.latched(conn, sid, known=True))
-        return FoldContext(claim, window=window, session=info, latched=latched)
+        return fold_visit.begin_fold(self._db, self.item_cache, sid, job_id,
+                                     enqueued_epoch=enqueued_epoch, lease_s=lease_s,
+                                     force=force, max_abandoned=max_abandoned,
+                                     incarnation=incarnation)
 
     def finish_fold(self, claim: Claim, outcome: FoldResult | CompactionRecord) -> CommitResult:
         """Write what a visit under ``claim`` came to, in one call.
@@ -477,8 +412,8 @@ class SessionStore:
         if not isinstance(claim, Claim) or not claim.claimed:
             raise InvalidInputError("finish_fold takes the held claim of begin_fold")
         if isinstance(outcome, CompactionRecord):
-            record_id, revision = self._record_visit(
-                claim.session_id, outcome, job_id=claim.job_id, epoch=claim.epoch,
+            record_id, revision = fold_visit.record_visit(
+                self._db, claim.session_id, outcome, job_id=claim.job_id, epoch=claim.epoch,
                 incarnation=claim.incarnation)
             return CommitResult(session_id=claim.session_id, revision=revision, spans=[],
                                 record_id=record_id)
@@ -495,32 +430,8 @@ class SessionStore:
         StaleSpanError after writing the visit's record with outcome ``stale``; a session that
         no longer exists raises SessionNotFoundError.
         """
-        sid = sessions.check_session_id(sid)
-        job_id = claims.check_job_id(job_id)
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise InvalidInputError(f"epoch must be an integer, got {epoch!r}")
-        if claims.check_incarnation(incarnation) is None:
-            raise InvalidInputError("commit_fold needs the incarnation of the claim")
-        prepared = fold_commit.prepare_fold(result, self.counter)
-        if prepared.edit.empty:
-            record_id, revision = self._record_visit(sid, prepared.record, job_id=job_id,
-                                                     epoch=epoch, incarnation=incarnation)
-            return CommitResult(session_id=sid, revision=revision, spans=[],
-                                record_id=record_id)
-        try:
-            with self._db.write() as conn:
-                committed = fold_commit.commit_locked(
-                    conn, sid, prepared, epoch=epoch, job_id=job_id, incarnation=incarnation,
-                    now=self._db.now())
-        except fold_commit.Stale as lost:
-            with self._db.write() as conn:
-                fold_commit.record_visit_locked(
-                    conn, sid, prepared.record.as_stale(lost.reason), job_id=job_id,
-                    epoch=epoch, incarnation=incarnation, now=self._db.now(), latch=False)
-            raise _stale(sid, job_id, lost.reason, "fold") from None
-        return CommitResult(session_id=sid, revision=committed.revision, spans=committed.spans,
-                            record_id=committed.record_id, duplicate=committed.duplicate,
-                            lag_calls=committed.lag_calls)
+        return fold_visit.commit_fold(self._db, self.counter, sid, result, epoch=epoch,
+                                      job_id=job_id, incarnation=incarnation)
 
     def record_visit(self, sid: str, record: CompactionRecord, *, job_id: str | None = None,
                      epoch: int | None = None, incarnation: int | None = None) -> int:
@@ -531,25 +442,8 @@ class SessionStore:
         visit made on an earlier incarnation of the id (deleted and created since) is recorded
         as ``stale``, releases nothing, and raises StaleSpanError.
         """
-        return self._record_visit(sid, record, job_id=job_id, epoch=epoch,
-                                  incarnation=incarnation)[0]
-
-    def _record_visit(self, sid: str, record: CompactionRecord, *, job_id: str | None,
-                      epoch: int | None, incarnation: int | None) -> tuple[int, int]:
-        """:meth:`record_visit`, answering (record id, the session's revision)."""
-        sid = sessions.check_session_id(sid)
-        if job_id is not None:
-            job_id = claims.check_job_id(job_id)
-        if (epoch is None) != (claims.check_incarnation(incarnation) is None):
-            raise InvalidInputError("epoch and incarnation name the claim together: give both "
-                                    "or neither")
-        with self._db.write() as conn:
-            record_id, revision, gone = fold_commit.record_visit_locked(
-                conn, sid, record, job_id=job_id, epoch=epoch, incarnation=incarnation,
-                now=self._db.now())
-        if gone is not None:
-            raise _stale(sid, job_id, gone, "visit")
-        return record_id, revision
+        return fold_visit.record_visit(self._db, sid, record, job_id=job_id, epoch=epoch,
+                                       incarnation=incarnation)[0]
 
     # --- batch folds (see .batches) -------------------------------------------------------
 
@@ -565,16 +459,7 @@ class SessionStore:
         StaleSpanError (nothing written) if the claim is no longer the job's; SessionNotFoundError
         if the session is gone. The caller then cancels the batch.
         """
-        if not isinstance(claim, Claim) or not claim.claimed:
-            raise InvalidInputError("hold_for_batch takes the held claim of begin_fold")
-        if not isinstance(mark, BatchMark) or mark.job_id != claim.job_id \
-                or mark.epoch != claim.epoch:
-            raise InvalidInputError("the batch mark must name the claim it is held under")
-        try:
-            with self._db.write() as conn:
-                batches.hold_locked(conn, claim, mark, now=self._db.now())
-        except batches.LostClaim as lost:
-            raise _stale(claim.session_id, claim.job_id, lost.reason, "batch fold") from None
+        fold_visit.hold_for_batch(self._db, claim, mark)
 
     def resume_batch(self, sid: str, job_id: str, *, epoch: int,
                      incarnation: int) -> FoldContext:
@@ -585,20 +470,8 @@ class SessionStore:
         ``already-committed`` or ``newer-claim`` otherwise; SessionNotFoundError for a session
         gone, or deleted and created again.
         """
-        sid = sessions.check_session_id(sid)
-        job_id = claims.check_job_id(job_id)
-        if claims.check_incarnation(incarnation) is None or isinstance(epoch, bool) \
-                or not isinstance(epoch, int):
-            raise InvalidInputError("resume_batch needs the epoch and incarnation of the claim")
-        with self._db.write() as conn:
-            claim, row = batches.resume_locked(conn, sid, job_id, epoch=epoch,
-                                               incarnation=incarnation)
-            if not claim.claimed:
-                return FoldContext(claim)
-            window = windows.read_window(conn, sid, self.item_cache)
-            info = sessions.session_info(row)
-            latched = frozenset(fold_commit.latched(conn, sid, known=True))
-        return FoldContext(claim, window=window, session=info, latched=latched)
+        return fold_visit.resume_batch(self._db, self.item_cache, sid, job_id, epoch=epoch,
+                                       incarnation=incarnation)
 
     def pending_batches(self, *, limit: int = 1000) -> list[SessionInfo]:
         """Sessions with a fold waiting on a provider's batch API, soonest deadline first."""
@@ -625,19 +498,8 @@ class SessionStore:
         ``incarnation``: the session the job was about (SessionNotFoundError, nothing written,
         if the id names another one now); with ``epoch``, the job's claim, released here.
         """
-        sid = sessions.check_session_id(sid)
-        job_id = claims.check_job_id(job_id)
-        if not isinstance(pause, bool):
-            raise InvalidInputError(f"pause must be True or False, got {pause!r}")
-        if trigger not in get_args(Trigger):
-            raise InvalidInputError(f"trigger must be one of {', '.join(get_args(Trigger))}, "
-                                    f"got {trigger!r}")
-        if epoch is not None and claims.check_incarnation(incarnation) is None:
-            raise InvalidInputError("a claim to release is named by its epoch and incarnation")
-        with self._db.write() as conn:
-            return give_up_locked(conn, sid, job_id, reason, attempts, payload,
-                                  trigger=trigger, pause=pause, epoch=epoch,
-                                  incarnation=incarnation, now=self._db.now())
+        return give_up_job(self._db, sid, job_id, reason, attempts, payload, trigger=trigger,
+                           pause=pause, epoch=epoch, incarnation=incarnation)
 
     def dead_letter(self, job_id: str, sid: str, reason: str, attempts: int,
                     payload: Mapping[str, Any]) -> int:
