@@ -150,13 +150,15 @@ def test_a_fold_that_kills_its_worker_every_time_is_dead_lettered_and_paused(
     provider = FakeProvider()
     with provider.serve() as server:
         # Short leases (= the hard time limit) and a quick sweep: the scheduler comes back for
-        # the session within seconds of each lost fold. Each new job has a new id.
+        # the session within seconds of each lost fold. Each new job has a new id. The soft
+        # limit (6 s) leaves a loaded machine's fold time to reach its fault point; at 2 s a
+        # slow first attempt was cut short before it, and died another way.
         settings = make_settings(
             database_url=postgres_url(request), summarizer="anthropic",
             anthropic_api_key="sk-fake", anthropic_base_url=server.base_url, metrics_port=0,
-            max_attempts=2, visibility_timeout_s=8, task_time_limit_s=3,
-            task_soft_time_limit_s=2, retry_backoff_base_s=0.5, retry_backoff_cap_s=2,
-            lock_ttl_s=4, scheduler_sweep_interval_s=1, scheduler_block_ms=200)
+            max_attempts=2, visibility_timeout_s=20, task_time_limit_s=8,
+            task_soft_time_limit_s=6, retry_backoff_base_s=0.5, retry_backoff_cap_s=2,
+            lock_ttl_s=10, scheduler_sweep_interval_s=1, scheduler_block_ms=200)
         with SessionStore.from_url(settings.database_url) as store:
             conv = transcript_session("django__django-15554", 60)
             store.create_session(SID, POLICY, conv.system)
