@@ -475,6 +475,8 @@ class SessionHandle:
                                                 self.client.settings.guard_wait_s)
         self.fold_waits += 1
         self.fold_wait_s += time.monotonic() - started
+        if moved:
+            metrics().record_guard("waited")
         return moved
 
     # --- call(): the sync adapter of the call loop, and the loop's session side ---------------

@@ -22,11 +22,13 @@ sessions past their whole budget, not just the trigger — a session stuck there
 not landing), ``paused_sessions_over_budget`` (gauge, same sweep: paused sessions past their
 budget, which no background fold brings down), ``recall_requests_total{kind,outcome}``
 (recall tool requests answered from the ledger), ``guarded_requests_total{outcome}`` (requests
-the client's pre-send guard sent with the cheap layers applied, ``guarded``, or could not bring
-under the budget, ``over-budget``), ``batch_folds_total{event}`` (folds through a provider's
-batch API: ``submitted``, ``collected``, ``fallen-back`` to a summarizer call now, ``dropped``:
-nothing waited for the answer any more), ``batch_folds_pending`` (gauge, set by the scheduler's
-sweep: folds waiting on a batch). Label values are small closed sets (outcomes,
+past the budget's line, by what the client's pre-send guard did: ``waited`` for the background
+fold on its way, which landed; ``folded-inline``; sent with the cheap layers applied,
+``guarded``; or could not bring under the budget, ``over-budget``),
+``batch_folds_total{event}`` (folds through a provider's batch API: ``submitted``,
+``collected``, ``fallen-back`` to a summarizer call now, ``dropped``: nothing waited for the
+answer any more), ``batch_folds_pending`` (gauge, set by the scheduler's sweep: folds waiting
+on a batch). Label values are small closed sets (outcomes,
 refusal reasons, sources, status codes); never put a session id or an error message in a label.
 
 **Several processes.** Each Celery pool child, and each scheduler or worker on a host, is its own
@@ -126,8 +128,9 @@ class Metrics:
             ["kind", "outcome"], registry=reg)
         self.guarded_requests = Counter(
             "sessionfold_guarded_requests",
-            "Requests the pre-send guard shrank (guarded) or could not bring under the budget "
-            "(over-budget)", ["outcome"], registry=reg)
+            "Requests past the budget's line, by what the pre-send guard did: waited for the "
+            "background fold (waited), folded inline (folded-inline), shrank the request "
+            "(guarded), or could not bring it under (over-budget)", ["outcome"], registry=reg)
         self.batch_folds = Counter(
             "sessionfold_batch_folds",
             "Folds through a provider's batch API, by what became of the batch "
@@ -340,7 +343,7 @@ RECALL_OUTCOMES = frozenset({"served", "clipped", "unavailable", "no-match", "in
 #: What becomes of a batch fold's batch (``batch_folds_total``).
 BATCH_EVENTS = frozenset({"submitted", "collected", "fallen-back", "dropped"})
 #: What the pre-send guard counts (its third outcome, ``under``, is the common case: not counted).
-GUARD_OUTCOMES = frozenset({"guarded", "folded-inline", "over-budget"})
+GUARD_OUTCOMES = frozenset({"waited", "guarded", "folded-inline", "over-budget"})
 _TRIGGERS = frozenset(get_args(Trigger))
 #: "error" is what track_fold counts for a visit that raised.
 _OUTCOMES = frozenset(get_args(Outcome)) | {"error"}

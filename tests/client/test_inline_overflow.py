@@ -18,6 +18,7 @@ from pipeline_harness import (
     wait_until,
     worker_process,
 )
+from prometheus_client import REGISTRY
 from sessionfold.cli.standin.fakeprovider import FakeProvider, Fault
 from sessionfold.client import AsyncClient, Client, connect
 from sessionfold.core.errors import ContextOverflowError
@@ -32,6 +33,12 @@ SID = "agent-overflow"
 #: the budget) and the provider rejects it, as a model whose window is smaller than the budget
 #: an operator set would.
 POLICY = FoldPolicy(budget_tokens=100_000)
+
+
+def guard_count(outcome: str) -> float:
+    """``sessionfold_guarded_requests_total{outcome}`` as this process counts it."""
+    return REGISTRY.get_sample_value("sessionfold_guarded_requests_total",
+                                     {"outcome": outcome}) or 0.0
 
 
 @pytest.fixture
@@ -171,9 +178,11 @@ def test_the_cap_waits_for_the_fold_in_flight_then_folds_inline_when_it_is_too_l
             job_id = make_enqueue(app)(SID, None, "threshold", None)
             assert summarizer_api.wait_for_calls(1, timeout_s=120)
             provider = FakeProvider()
+            waited = guard_count("waited")
             agent.call(provider)
             assert provider.stats.by_status == {200: 1}
             assert agent.fold_waits == 1 and agent.fold_wait_s >= 0.5
+            assert guard_count("waited") == waited  # it did not land: folded inline
             assert agent.cap_folds == 1 and agent.guarded_requests == 0
             assert agent.last_fold is not None and agent.last_fold.outcome == "folded"
             summarizer_api.release()
@@ -211,6 +220,7 @@ def test_the_cap_sends_the_window_the_fold_in_flight_leaves_when_it_lands_in_tim
 
             monkeypatch.setattr(client, "await_window_change", waits)
             provider = FakeProvider(keep_requests=5)
+            waited = guard_count("waited")
             caller = threading.Thread(target=agent.call, args=(provider,))
             caller.start()
             assert waiting.wait(60), "the request did not wait for the fold on its way"
@@ -219,6 +229,7 @@ def test_the_cap_sends_the_window_the_fold_in_flight_leaves_when_it_lands_in_tim
             assert not caller.is_alive()
             assert provider.stats.by_status == {200: 1}
             assert agent.fold_waits == 1 and agent.cap_folds == 0 == agent.summarizer_calls
+            assert guard_count("waited") == waited + 1
             result = app.AsyncResult(job_id).get(timeout=120)
             app.close()
             assert result["outcome"] == "folded"
