@@ -9,7 +9,9 @@ compare request for request. ``none`` is taken from the first file that has it.
         main=/tmp/base/days/runs.json /tmp/full/days/runs.json
 
 An argument ``NAME=PATH`` renames the systems of that file ``NAME:system`` (landed main beside
-the work tree, say). Prints the :func:`b1.per_session.summary` table.
+the work tree, say). Prints the :func:`b1.per_session.summary` table, and with
+``--sessions 16000,...`` each session's row at those budgets
+(:func:`b1.per_session.per_session_table`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from b1.per_session import per_session, summary
+from b1.per_session import per_session, per_session_table, summary
 from b1.replay import SystemRun
 
 __all__ = ["load_runs", "main"]
@@ -53,9 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("runs", nargs="+", help="runs.json files, or NAME=runs.json")
     parser.add_argument("--label", default="", help="a title for the table")
+    parser.add_argument("--sessions", default="", metavar="BUDGET[,BUDGET...]",
+                        help="also print each session's row at these budgets")
     args = parser.parse_args(argv)
     title = f"#### {args.label}" if args.label else ""
-    print(summary(per_session(load_runs(args.runs)), title=title))
+    figures = per_session(load_runs(args.runs))
+    print(summary(figures, title=title))
+    for budget in filter(None, args.sessions.split(",")):
+        print(per_session_table(figures, int(budget)))
     return 0
 
 
