@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +159,46 @@ def test_inline_fold_wins_over_a_background_fold_in_flight(
                        timeout_s=30, what="the claim to be released")
 
 
+@dataclass
+class LateFold:
+    """A background fold held on its summarizer while an agent's handle waits to call."""
+
+    client: Client
+    agent: Any
+    summarizer_api: FakeProvider
+    app: Any
+    job_id: str
+
+    def result(self) -> Any:
+        """The fold job's result, once the summarizer is released."""
+        try:
+            return self.app.AsyncResult(self.job_id).get(timeout=120)
+        finally:
+            self.app.close()
+
+
+@contextmanager
+def _late_fold(make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
+               tmp_path: Path, conversation: list[Message], *,
+               guard_wait_s: float) -> Iterator[LateFold]:
+    """A worker whose summarizer holds every call, a fold job it has taken for a 20k session,
+    and the agent's handle on that session (its client waits ``guard_wait_s`` for a fold)."""
+    database = postgres_url(request)
+    summarizer_api = FakeProvider()
+    summarizer_api.hold()
+    with summarizer_api.serve() as server:
+        worker_settings = make_settings(database_url=database, summarizer="anthropic",
+                                        anthropic_api_key="sk-fake",
+                                        anthropic_base_url=server.base_url, metrics_port=0)
+        started(request, worker_process(worker_settings, tmp_path / "worker.log"))
+        with connect(make_settings(database_url=database, guard_wait_s=guard_wait_s)) as client:
+            agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
+            app = make_celery(worker_settings)
+            job_id = make_enqueue(app)(SID, None, "threshold", None)
+            assert summarizer_api.wait_for_calls(1, timeout_s=120)
+            yield LateFold(client, agent, summarizer_api, app, job_id)
+
+
 def test_the_cap_waits_for_the_fold_in_flight_then_folds_inline_when_it_is_too_late(
         make_settings: Callable[..., Settings], request: pytest.FixtureRequest,
         tmp_path: Path, conversation: list[Message]) -> None:
@@ -164,33 +206,20 @@ def test_the_cap_waits_for_the_fold_in_flight_then_folds_inline_when_it_is_too_l
     line, so the default ``over_budget="cap"`` waits for it (``guard_wait_s``), then folds
     inline (its claim wins) instead of sending a shrink of the request alone; the late fold
     then loses its compare-and-set."""
-    database = postgres_url(request)
-    summarizer_api = FakeProvider()
-    summarizer_api.hold()
-    with summarizer_api.serve() as server:
-        worker_settings = make_settings(database_url=database, summarizer="anthropic",
-                                        anthropic_api_key="sk-fake",
-                                        anthropic_base_url=server.base_url, metrics_port=0)
-        started(request, worker_process(worker_settings, tmp_path / "worker.log"))
-        with connect(make_settings(database_url=database, guard_wait_s=0.5)) as client:
-            agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
-            app = make_celery(worker_settings)
-            job_id = make_enqueue(app)(SID, None, "threshold", None)
-            assert summarizer_api.wait_for_calls(1, timeout_s=120)
-            provider = FakeProvider()
-            waited = guard_count("waited")
-            agent.call(provider)
-            assert provider.stats.by_status == {200: 1}
-            assert agent.fold_waits == 1 and agent.fold_wait_s >= 0.5
-            assert guard_count("waited") == waited  # it did not land: folded inline
-            assert agent.cap_folds == 1 and agent.guarded_requests == 0
-            assert agent.last_fold is not None and agent.last_fold.outcome == "folded"
-            summarizer_api.release()
-            result = app.AsyncResult(job_id).get(timeout=120)
-            app.close()
-            assert result["outcome"] == "stale"
-            assert {s.job_id for s in client.store.spans(SID)} == {agent.last_fold.job_id}
-            assert [e.message for e in agent.ledger()] == conversation
+    with _late_fold(make_settings, request, tmp_path, conversation, guard_wait_s=0.5) as late:
+        agent, client = late.agent, late.client
+        provider = FakeProvider()
+        waited = guard_count("waited")
+        agent.call(provider)
+        assert provider.stats.by_status == {200: 1}
+        assert agent.fold_waits == 1 and agent.fold_wait_s >= 0.5
+        assert guard_count("waited") == waited  # it did not land: folded inline
+        assert agent.cap_folds == 1 and agent.guarded_requests == 0
+        assert agent.last_fold is not None and agent.last_fold.outcome == "folded"
+        late.summarizer_api.release()
+        assert late.result()["outcome"] == "stale"
+        assert {s.job_id for s in client.store.spans(SID)} == {agent.last_fold.job_id}
+        assert [e.message for e in agent.ledger()] == conversation
 
 
 def test_the_cap_sends_the_window_the_fold_in_flight_leaves_when_it_lands_in_time(
@@ -198,41 +227,28 @@ def test_the_cap_sends_the_window_the_fold_in_flight_leaves_when_it_lands_in_tim
         tmp_path: Path, conversation: list[Message], monkeypatch: pytest.MonkeyPatch) -> None:
     """The same late fold, released while the agent waits for it: the request goes out on the
     window the background fold left, and no summarizer is called on the agent's path."""
-    database = postgres_url(request)
-    summarizer_api = FakeProvider()
-    summarizer_api.hold()
-    with summarizer_api.serve() as server:
-        worker_settings = make_settings(database_url=database, summarizer="anthropic",
-                                        anthropic_api_key="sk-fake",
-                                        anthropic_base_url=server.base_url, metrics_port=0)
-        started(request, worker_process(worker_settings, tmp_path / "worker.log"))
-        with connect(make_settings(database_url=database, guard_wait_s=120)) as client:
-            agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
-            app = make_celery(worker_settings)
-            job_id = make_enqueue(app)(SID, None, "threshold", None)
-            assert summarizer_api.wait_for_calls(1, timeout_s=120)
-            waiting = threading.Event()
-            wait = client.await_window_change
+    with _late_fold(make_settings, request, tmp_path, conversation, guard_wait_s=120) as late:
+        agent, client = late.agent, late.client
+        waiting = threading.Event()
+        wait = client.await_window_change
 
-            def waits(session_id: str, revision: int, tokens: int, timeout_s: float) -> bool:
-                waiting.set()
-                return wait(session_id, revision, tokens, timeout_s)
+        def waits(session_id: str, revision: int, tokens: int, timeout_s: float) -> bool:
+            waiting.set()
+            return wait(session_id, revision, tokens, timeout_s)
 
-            monkeypatch.setattr(client, "await_window_change", waits)
-            provider = FakeProvider(keep_requests=5)
-            waited = guard_count("waited")
-            caller = threading.Thread(target=agent.call, args=(provider,))
-            caller.start()
-            assert waiting.wait(60), "the request did not wait for the fold on its way"
-            summarizer_api.release()
-            caller.join(120)
-            assert not caller.is_alive()
-            assert provider.stats.by_status == {200: 1}
-            assert agent.fold_waits == 1 and agent.cap_folds == 0 == agent.summarizer_calls
-            assert guard_count("waited") == waited + 1
-            result = app.AsyncResult(job_id).get(timeout=120)
-            app.close()
-            assert result["outcome"] == "folded"
-            assert {s.job_id for s in client.store.spans(SID)} == {job_id}
-            # What went out is the window the background fold left.
-            assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+        monkeypatch.setattr(client, "await_window_change", waits)
+        provider = FakeProvider(keep_requests=5)
+        waited = guard_count("waited")
+        caller = threading.Thread(target=agent.call, args=(provider,))
+        caller.start()
+        assert waiting.wait(60), "the request did not wait for the fold on its way"
+        late.summarizer_api.release()
+        caller.join(120)
+        assert not caller.is_alive()
+        assert provider.stats.by_status == {200: 1}
+        assert agent.fold_waits == 1 and agent.cap_folds == 0 == agent.summarizer_calls
+        assert guard_count("waited") == waited + 1
+        assert late.result()["outcome"] == "folded"
+        assert {s.job_id for s in client.store.spans(SID)} == {late.job_id}
+        # What went out is the window the background fold left.
+        assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
