@@ -19,7 +19,7 @@ from sessionfold.runtime.fold_procedure import FoldReport
 from sessionfold.runtime.settings import Settings
 from sessionfold.store import AppendResult, LedgerEntry, SessionInfo
 
-from .call_loop import CallLoop, RaiseError, ReturnReply
+from .call_loop import CallLoop, ReturnReply
 from .call_plan import OverBudget
 from .connection import Client, connect
 from .model_call import AsyncModelCall, invoke, tools_mode
@@ -159,10 +159,7 @@ class AsyncSessionHandle:
             try:
                 reply = await invoke(fn, mode, step)
             except Exception as exc:
-                after = await asyncio.to_thread(loop.failed, exc)
-                if isinstance(after, RaiseError):
-                    after.throw()
-                step = after
+                step = await asyncio.to_thread(loop.retry, exc)
                 continue
             done = await asyncio.to_thread(loop.replied, reply)
             if isinstance(done, ReturnReply):

@@ -21,10 +21,7 @@ happened. It never calls the model; its adapters do, each in a few lines:
         try:
             reply = model(step.view.system, step.view.messages, step.tools())
         except Exception as exc:
-            after = loop.failed(exc)        # SendRequest again, or RaiseError
-            if isinstance(after, RaiseError):
-                after.throw()
-            step = after
+            step = loop.retry(exc)          # SendRequest again, or the error raised
             continue
         done = loop.replied(reply)          # SendRequest (a recall round), or ReturnReply
         if isinstance(done, ReturnReply):
@@ -332,6 +329,14 @@ class CallLoop:
             trigger="overflow", target_tokens=limit // 2,
             measured_tokens=counted[0] if counted else None)
         return self._send(self._session.request_view(self.plan))
+
+    def retry(self, exc: BaseException) -> SendRequest:
+        """:meth:`failed`, for an adapter that raises where the loop says to: the request to
+        send again, or the loop's error raised here."""
+        after = self.failed(exc)
+        if isinstance(after, RaiseError):
+            after.throw()
+        return after
 
     def replied(self, reply: Any, *, relayed: bool = False) -> SendRequest | ReturnReply:
         """The request returned ``reply``: its usage is reported; a recall-only reply, while

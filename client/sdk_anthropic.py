@@ -100,8 +100,8 @@ def _tool_started(event: Any) -> str | None:
     return None
 
 
-class _MessageAttempt:
-    """One SDK ``MessageStream`` as the rounds read it."""
+class _MessageAttemptBase:
+    """What the sync and async attempts share: the stream, its manager, how a reply reads."""
 
     def __init__(self, manager: Any, stream: Any) -> None:
         self.manager = manager
@@ -113,6 +113,10 @@ class _MessageAttempt:
 
     def reply(self) -> Any:
         return self.stream.current_message_snapshot
+
+
+class _MessageAttempt(_MessageAttemptBase):
+    """One SDK ``MessageStream`` as the rounds read it."""
 
     def __next__(self) -> Any:
         return next(self.stream)
@@ -123,19 +127,8 @@ class _MessageAttempt:
             self.manager.__exit__(None, None, None)
 
 
-class _AsyncMessageAttempt:
+class _AsyncMessageAttempt(_MessageAttemptBase):
     """One SDK ``AsyncMessageStream`` as the rounds read it."""
-
-    def __init__(self, manager: Any, stream: Any) -> None:
-        self.manager = manager
-        self.stream = stream
-        self.closed = False
-
-    def tool_call(self, event: Any) -> str | None:
-        return _tool_started(event)
-
-    def reply(self) -> Any:
-        return self.stream.current_message_snapshot
 
     async def next(self) -> Any:
         return await self.stream.__anext__()

@@ -85,7 +85,7 @@ from sessionfold.runtime.settings import Settings
 from sessionfold.runtime.usage import UsageEvent, UsagePublisher
 from sessionfold.store import AppendResult, LedgerEntry, SessionInfo, SessionStore
 
-from .call_loop import CallLoop, RaiseError, ReturnReply
+from .call_loop import CallLoop, ReturnReply
 from .call_plan import CallPlan, OverBudget, check_over_budget, tool_tokens
 from .model_call import ModelCall, ModelCallWithTools, invoke, tools_mode
 from .recall import (
@@ -507,10 +507,7 @@ class SessionHandle:
             try:
                 reply = invoke(fn, mode, step)
             except Exception as exc:
-                after = loop.failed(exc)
-                if isinstance(after, RaiseError):
-                    after.throw()
-                step = after
+                step = loop.retry(exc)
                 continue
             done = loop.replied(reply)
             if isinstance(done, ReturnReply):

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .call_loop import CallLoop, RaiseError, ReturnReply, SendRequest
+from .call_loop import CallLoop, ReturnReply, SendRequest
 
 __all__ = ["AsyncAttempt", "Attempt", "Opened", "SyncAttempt", "drain", "drain_async",
            "open_rounds", "open_rounds_async"]
@@ -103,10 +103,7 @@ def open_rounds(loop: CallLoop, start: Callable[[SendRequest], SyncAttempt]) -> 
         try:
             attempt = start(step)
         except Exception as exc:
-            after = loop.failed(exc)
-            if isinstance(after, RaiseError):
-                after.throw()
-            step = after
+            step = loop.retry(exc)
             continue
         if loop.relays_at_once:
             return Opened(attempt, loop)
@@ -134,10 +131,7 @@ async def open_rounds_async(loop: CallLoop,
         try:
             attempt = await start(step)
         except Exception as exc:
-            after = await asyncio.to_thread(loop.failed, exc)
-            if isinstance(after, RaiseError):
-                after.throw()
-            step = after
+            step = await asyncio.to_thread(loop.retry, exc)
             continue
         if loop.relays_at_once:
             return Opened(attempt, loop)

@@ -32,10 +32,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sessionfold.core.errors import (
-    MissingExtraError,
-    RedisUnavailableError,
-)
+from sessionfold.core.errors import RedisUnavailableError
 from sessionfold.core.summarizers import ExtractiveSummarizer, Summarizer
 from sessionfold.store import SessionStore
 
@@ -43,6 +40,7 @@ from .batch_folds import BatchOffer
 from .keys import Keys
 from .providers import DEFAULT_CONTEXT_TOKENS
 from .providers.batch_api import BatchCapable
+from .providers.optional import openai_summarizer_class
 from .redis_conn import EmbeddedRedis, RedisClient, agent_path_client
 from .settings import Settings
 from .slots import SummarizerSlots
@@ -209,15 +207,9 @@ def make_summarizer(settings: Settings) -> Summarizer:
                                    model=settings.summarizer_model,
                                    timeout=settings.summarizer_timeout_s,
                                    context_tokens=context)
-    try:
-        from .providers.openai import OpenAISummarizer
-    except ModuleNotFoundError as exc:
-        missing = MissingExtraError.of_missing(exc, "summarizer 'openai'")
-        if missing is None:
-            raise
-        raise missing from exc
+    summarizer_class = openai_summarizer_class("summarizer 'openai'")
     openai_key = settings.openai_api_key
-    return OpenAISummarizer(api_key=openai_key.get_secret_value() if openai_key else None,
+    return summarizer_class(api_key=openai_key.get_secret_value() if openai_key else None,
                             base_url=settings.openai_base_url, model=settings.summarizer_model,
                             timeout=settings.summarizer_timeout_s, context_tokens=context)
 

@@ -72,7 +72,7 @@ def collect_batch(task: Any, ticket: dict[str, Any],
         if report.outcome != BATCH_PENDING:
             _forget(runtime.redis, runtime.keys, pending)
     finally:
-        _release(lock, pending.session_id, lock_token)
+        lock.release_quietly(pending.session_id, lock_token)
     log.info("batch %s of %s: %s (%s)", pending.batch_id, pending.session_id,
              report.batch_event or report.outcome, report.detail)
     return report.to_json()
@@ -85,11 +85,3 @@ def _forget(client: Any, keys: Any, ticket: BatchTicket) -> None:
         log.warning("could not forget batch %s of %s: %s", ticket.batch_id, ticket.session_id,
                     exc)
 
-
-def _release(lock: FoldLock, session_id: str, token: str | None) -> None:
-    if token is None:
-        return
-    try:
-        lock.release(session_id, token)
-    except Exception:  # it expires by itself; the store's claim stays the guard
-        log.warning("could not release the fold lock of %s", session_id, exc_info=True)

@@ -20,12 +20,15 @@ its run (``Settings.lock_ttl_s``); when it does not, the cost is a duplicate vis
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import TYPE_CHECKING
 
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.redis_conn import RedisClient, mapped_errors
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from sessionfold.runtime.settings import Settings
@@ -76,6 +79,17 @@ class FoldLock:
         """Release if ``token`` still holds the lock. False: it expired or another job has it."""
         with mapped_errors("releasing a fold lock"):
             return bool(self._release(keys=[self._keys.fold_lock(session_id)], args=[token]))
+
+    def release_quietly(self, session_id: str, token: str | None) -> None:
+        """:meth:`release` for a job that is done with the lock (``token`` None: it never held
+        one): a failure is logged, not raised, since the lock expires by itself and the store's
+        claim stays the guard."""
+        if token is None:
+            return
+        try:
+            self.release(session_id, token)
+        except Exception:
+            log.warning("could not release the fold lock of %s", session_id, exc_info=True)
 
     def extend(self, session_id: str, token: str, ttl_ms: int | None = None) -> bool:
         """Reset the lock's time to live to ``ttl_ms`` (default: the lock's) if still held."""

@@ -156,7 +156,7 @@ def fold_session(task: Any, session_id: str, enqueued_epoch: int | None = None,
     if report.retry_error is not None:
         _retry_or_give_up(task, runtime, job, report, lock, lock_token, attempts_key)
     fault_point("after-commit")
-    _release_lock(lock, session_id, lock_token)
+    lock.release_quietly(session_id, lock_token)
     if redelivered:  # a first delivery left no count behind
         _forget_deliveries(runtime, attempts_key)
     result = report.to_json()
@@ -355,12 +355,4 @@ def _keep_lock(lock: FoldLock, session_id: str, token: str | None, ttl_s: float)
     except Exception:  # the lock only saves work; losing it costs a duplicate visit at most
         log.warning("could not extend the fold lock of %s", session_id, exc_info=True)
 
-
-def _release_lock(lock: FoldLock, session_id: str, token: str | None) -> None:
-    if token is None:
-        return
-    try:
-        lock.release(session_id, token)
-    except Exception:  # it expires by itself; the store's claim stays the guard
-        log.warning("could not release the fold lock of %s", session_id, exc_info=True)
 

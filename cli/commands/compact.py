@@ -321,13 +321,6 @@ def _anthropic_summarizer() -> type[AnthropicSummarizer]:
 
 
 def _openai_summarizer() -> type[OpenAISummarizer]:
-    from sessionfold.core.errors import MissingExtraError
+    from sessionfold.runtime.providers.optional import openai_summarizer_class
 
-    try:
-        from sessionfold.runtime.providers.openai import OpenAISummarizer
-    except ModuleNotFoundError as exc:
-        missing = MissingExtraError.of_missing(exc, "--summarizer openai")
-        if missing is None:
-            raise
-        raise missing from exc
-    return OpenAISummarizer
+    return openai_summarizer_class("--summarizer openai")

@@ -103,10 +103,7 @@ def drive(loop: CallLoop, model: Callable[[SendRequest], Any]) -> Any:
         try:
             answer = model(step)
         except Exception as exc:
-            after = loop.failed(exc)
-            if isinstance(after, RaiseError):
-                after.throw()
-            step = after
+            step = loop.retry(exc)
             continue
         done = loop.replied(answer)
         if isinstance(done, ReturnReply):

@@ -107,3 +107,17 @@ def test_redis_errors_surface_as_redis_unavailable(private_redis: Any) -> None:
         lock.acquire("s1")
     with pytest.raises(RedisUnavailableError, match="releasing a fold lock"):
         lock.release("s1", "t")
+
+
+def test_a_quiet_release_frees_the_lock_and_only_logs_a_lost_redis(
+        lock: FoldLock, private_redis: Any, caplog: pytest.LogCaptureFixture) -> None:
+    token = lock.acquire("q")
+    lock.release_quietly("q", token)
+    assert lock.holder("q") is None
+    lock.release_quietly("q", None)  # a job that never held it: nothing to do
+    client = redis_client(private_redis.url, socket_connect_timeout=0.5, retries=0)
+    gone = FoldLock(client, Keys("l:"), ttl_ms=1000)
+    private_redis.kill()
+    with caplog.at_level("WARNING", logger="sessionfold.workers.locks"):
+        gone.release_quietly("q", "some-token")  # does not raise
+    assert "could not release the fold lock of q" in caplog.text
