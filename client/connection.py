@@ -54,7 +54,7 @@ from sessionfold.runtime.wiring import (
     usage_publisher,
 )
 from sessionfold.store import SessionInfo, SessionStore
-from sessionfold.store.results import past_trigger
+from sessionfold.store.results import past_trigger, skip_reason
 
 from .call_plan import OverBudget, check_over_budget
 from .session import SessionHandle
@@ -203,11 +203,14 @@ class Client:
         """Whether a background fold of the session is on its way, for a request of ``tokens``:
         ``"pending"`` when a worker holds a live claim on it or the scheduler's fold lock says a
         job is queued or running; ``"expected"`` when none is yet but the request is past the
-        session's trigger and a scheduler owns the session's partition (it will enqueue one
-        as soon as it reads the report or nudge: an agent faster than the pipeline outruns it);
-        None otherwise: a fold waiting on a provider's batch API (its answer may take hours), a
-        paused session, no Redis to ask (no scheduler can have enqueued one), or a Redis that
-        does not answer (never raises: the caller folds inline instead of waiting)."""
+        session's trigger, the scheduler's own rule on the row would queue one
+        (:func:`~sessionfold.store.results.skip_reason`: past the trigger, grown since a visit
+        that folded nothing) and a scheduler owns the session's partition (it enqueues one as
+        soon as it reads a report or nudge: an agent faster than the pipeline outruns it);
+        None otherwise: a row the scheduler would pass on, a fold waiting on a provider's batch
+        API (its answer may take hours), a paused session, no Redis to ask (no scheduler can
+        have enqueued one), or a Redis that does not answer (never raises: the caller folds
+        inline instead of waiting)."""
         if info.batch is not None:
             return None
         if (info.claimed_by is not None and info.claim_expires_at is not None
@@ -225,6 +228,7 @@ class Client:
                 if conn.exists(keys.fold_lock(info.id)):
                     return "pending"
                 if (past_trigger(tokens, info.trigger_tokens, paused=info.paused)
+                        and skip_reason(info) is None
                         and conn.exists(keys.partition_lease(keys.partition_of(info.id)))):
                     return "expected"
         except RedisUnavailableError as exc:
@@ -237,22 +241,31 @@ class Client:
         """Wait, at most ``timeout_s``, for the window of ``session_id`` to move past
         ``revision`` while a background fold is on its way for a request of ``tokens``
         (:meth:`background_fold`; one only expected is waited for :data:`EXPECTED_GRACE_S` at
-        most, to appear). True: it moved (a fold landed, or anything else changed it); False:
-        nothing was on its way, or it did not land in time. Reads the session row, first every
-        20 ms, backing off to every 250 ms."""
+        most, to appear, and the scheduler is nudged for it once: a session already past its
+        trigger sends no nudge on append, and the request held here sends no usage report, so
+        without one only the scheduler's sweep would look). True: it moved (a fold landed, or
+        anything else changed it); False: nothing was on its way, or it did not land in time.
+        Reads the session row, first every 20 ms, backing off to every 250 ms."""
         started = time.monotonic()
         deadline = started + max(0.0, timeout_s)
         grace = started + min(EXPECTED_GRACE_S, max(0.0, timeout_s))
         delay = 0.02
+        nudged = False
         while True:
             info = self.store.get_session(session_id)
             if info.revision != revision:
                 return True
             state = self.background_fold(info, tokens)
+            if state == "expected" and not nudged:
+                self.nudge(session_id, info.revision)
+                nudged = True
             now = time.monotonic()
             end = deadline if state == "pending" else grace
             if state is None or now >= end:
-                return False
+                # A worker commits its fold before its job releases the fold lock: a lock
+                # found gone after the row above was read may be a fold that landed between
+                # the two reads. Read the row once more before calling it not on its way.
+                return self.store.get_session(session_id).revision != revision
             time.sleep(min(delay, end - now))
             delay = min(0.25, delay * 2)
 

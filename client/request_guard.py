@@ -16,7 +16,9 @@ fold lands. So:
    session's trigger, a scheduler owns its partition, no job queued yet: an agent faster than
    the pipeline) is waited for two seconds at most, to be queued;
 2. if none is, or it does not land in time, the session is folded inline through the workers'
-   claim and commit (the inline claim wins over a late one; counted in ``cap_folds``);
+   claim and commit (the inline claim wins over a late one; counted in ``cap_folds``). The
+   inline fold folds only the window the request was measured on (``if_revision``): a fold
+   that landed just as the wait gave up on it is measured, not folded again;
 3. the new window is guarded again: what is still over is shrunk on the request alone (a fold
    that just landed and left the window past the line folded what its protections allow: a
    second one now would find nothing more, and is made only if the request cannot fit).
@@ -68,7 +70,8 @@ class GuardedSession(Protocol):
     def store(self) -> SessionStore: ...
 
     def fold_inline(self, *, trigger: Trigger = "overflow", target_tokens: int | None = None,
-                    measured_tokens: int | None = None) -> FoldReport: ...
+                    measured_tokens: int | None = None,
+                    if_revision: int | None = None) -> FoldReport: ...
 
     def await_background_fold(self, revision: int, tokens: int) -> bool: ...
 
@@ -108,15 +111,21 @@ class RequestGuard:
         if guarded.outcome == "guarded" and self._folds_when_past(plan) and not landed:
             # Still past it: fold on the agent's path (the inline claim wins over a stuck
             # background fold) rather than send a shrink of this request alone (module doc).
-            self._fold(guarded)
-            folded = True
+            # A fold that landed since the window was read is measured instead, not folded
+            # again (``if_revision``).
+            folded = not self._fold(guarded, window.revision)
             window = store.read_window(self._session.session_id)
             guarded = self._guard(window, plan, "clip-protected")
         if guarded.outcome == "over-budget" and plan.over_budget != "send":
             # Nothing cheap gets it under: fold inline (unless that was just done), then guard
             # the folded window with every stage.
             if not folded:
-                self._fold(guarded)
+                if self._fold(guarded, window.revision):
+                    # A fold landed first: measure its window, and fold that if it is over.
+                    window = store.read_window(self._session.session_id)
+                    guarded = self._guard(window, plan, "clip-protected")
+                    if guarded.outcome == "over-budget":
+                        self._fold(guarded, None)
                 window = store.read_window(self._session.session_id)
             guarded = self._guard(window, plan, "drop-history")
             if guarded.outcome == "over-budget":
@@ -133,13 +142,21 @@ class RequestGuard:
         inline fold changed nothing and no fold has landed since."""
         return plan.over_budget in ("cap", "fold") and not self._fruitless()
 
-    def _fold(self, guarded: GuardResult) -> None:
-        """Fold the session inline for a request past the line, counted; remember a fold that
-        changed nothing (:meth:`_fruitless`)."""
+    def _fold(self, guarded: GuardResult, revision: int | None) -> bool:
+        """Fold the session inline for a request past the line (measured on the window at
+        ``revision``; None: whatever window it finds), counted; remember a fold that changed
+        nothing (:meth:`_fruitless`). True: another fold had replaced that window (a
+        background fold landed after the wait gave up on it), and nothing was folded: the
+        caller measures the new window."""
+        report = self._session.fold_inline(trigger="overflow",
+                                           measured_tokens=guarded.tokens_before,
+                                           if_revision=revision)
+        if report.outcome == "stale" and report.spans == 0 and revision is not None and (
+                report.revision not in (None, revision)):
+            metrics().record_guard("waited")
+            return True
         self.cap_folds += 1
         metrics().record_guard("folded-inline")
-        report = self._session.fold_inline(trigger="overflow",
-                                           measured_tokens=guarded.tokens_before)
         if report.outcome not in ("refused", "nothing-to-fold"):
             self._fruitless_at = None  # folded, or lost its race to a fold that landed
         else:
@@ -148,6 +165,7 @@ class RequestGuard:
                      "changed nothing (%s); requests go out shrunk by the guard until a fold "
                      "lands", self._session.session_id, guarded.tokens_before,
                      guarded.limit_tokens, report.detail or report.outcome)
+        return False
 
     def _fruitless(self) -> bool:
         """Whether this handle's last inline fold changed nothing and no fold has landed

@@ -447,15 +447,18 @@ class SessionHandle:
             return False
 
     def fold_inline(self, *, trigger: Trigger = "overflow", target_tokens: int | None = None,
-                    measured_tokens: int | None = None) -> FoldReport:
+                    measured_tokens: int | None = None,
+                    if_revision: int | None = None) -> FoldReport:
         """Fold now, on this thread, through the runtime's procedure (the inline claim wins).
 
         On a lost race it re-reads the session, stops if it is already under target, and
-        otherwise re-plans once.
+        otherwise re-plans once. ``if_revision``: fold only the window at that revision (what
+        ``measured_tokens`` measured); one a fold replaced since is left as it is (outcome
+        ``stale``), for the caller to measure again.
         """
         job = FoldJob(session_id=self.session_id, job_id=f"inline-{uuid.uuid4().hex}",
                       trigger=trigger, force=True, target_tokens=target_tokens,
-                      measured_tokens=measured_tokens,
+                      measured_tokens=measured_tokens, if_revision=if_revision,
                       lease_s=self.client.settings.task_time_limit_s, replan=True)
         report = self.client.run_inline_fold(job)
         self.inline_folds += 1

@@ -167,8 +167,9 @@ class CompactionRecord(BaseModel):
 
     The planner (:func:`~sessionfold.core.compact.fold_window`) writes the record of a visit it
     ran; the visits that end before planning have their constructors here, so each is written
-    one way wherever it happens: :meth:`paused`, :meth:`out_of_time`, :meth:`gave_up`, and
-    :meth:`as_stale` for a visit that lost its race.
+    one way wherever it happens: :meth:`paused`, :meth:`out_of_time`, :meth:`gave_up`,
+    :meth:`moved` for an inline visit whose window a fold replaced after the caller measured
+    it, and :meth:`as_stale` for a visit that lost its race.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -238,6 +239,21 @@ class CompactionRecord(BaseModel):
                    target_tokens=policy.target_tokens, measured_tokens=current_tokens,
                    measured_by=_measured_by(measured), tokens_after=current_tokens,
                    detail=f"dead-lettered: {reason}")
+
+    @classmethod
+    def moved(cls, *, trigger: Trigger, policy: FoldPolicy, current_tokens: int,
+              measured: bool, decided_at: int, revision: int,
+              target_tokens: int | None = None) -> CompactionRecord:
+        """An inline visit decided on the window at revision ``decided_at`` that found it at
+        ``revision``: a fold landed (or another writer appended) in between, so what the
+        caller measured no longer names the window. Nothing is folded (outcome ``stale``); the
+        caller measures it again."""
+        return cls(trigger=trigger, outcome="stale", budget_tokens=policy.budget_tokens,
+                   target_tokens=target_tokens or policy.target_tokens,
+                   measured_tokens=current_tokens, measured_by=_measured_by(measured),
+                   tokens_after=current_tokens, forced=True,
+                   detail=f"the window moved (revision {decided_at} -> {revision}) since the "
+                          "request was measured: not folded; the request is measured again")
 
     def as_stale(self, reason: str) -> CompactionRecord:
         """This record as the record of a lost race: outcome ``stale``, ``reason`` after the

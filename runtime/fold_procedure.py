@@ -154,6 +154,11 @@ class FoldJob:
     ``measured_tokens`` is a size the caller knows better than the store (the token count of a
     provider's "prompt is too long" error). ``lease_s`` bounds the claim: a worker that dies
     holding it blocks the session no longer than that. ``replan`` re-plans once after a lost race.
+    ``if_revision``: fold only the window at that revision (what the caller measured and
+    decided on); a window that changed since (a fold landed, another writer appended) is not
+    folded (outcome ``stale``, recorded, no re-plan), for the caller to measure again: the
+    request guard's inline fold, which must not fold again a window a background fold just
+    left under its line.
     ``max_abandoned`` (the Celery task: ``max_attempts``) stops a session whose folds were
     abandoned that many times in a row (claim status ``abandoned``); None never stops.
     ``incarnation``: the session incarnation the job is for (a retry carries the one it claimed
@@ -171,6 +176,7 @@ class FoldJob:
     replan: bool = False
     max_abandoned: int | None = None
     incarnation: int | None = None
+    if_revision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
     to its lease: the session waits no longer than ``job.lease_s`` for the next visit.
     """
     report = _attempt(store, summarizer, job, pricing, out_of_time, batch)
-    if report.outcome != "stale" or not job.replan:
+    if report.outcome != "stale" or not job.replan or _moved(job, report):
         return charged(summarizer, report)
     # Lost the race (another inline fold, or a claim that outlived ours). The winner may have
     # done the work already: look before paying again.
@@ -346,6 +352,12 @@ def visit(store: SessionStore, summarizer: Summarizer | SummarizerGuard | None, 
         record = CompactionRecord.paused(
             trigger=job.trigger, policy=info.policy, current_tokens=info.current_tokens,
             measured=info.measured_tokens is not None, target_tokens=job.target_tokens)
+        return _land_record(store, claim, _ended(base, record))
+    if job.if_revision is not None and window.revision != job.if_revision:
+        record = CompactionRecord.moved(
+            trigger=job.trigger, policy=info.policy, current_tokens=info.current_tokens,
+            measured=info.measured_tokens is not None, decided_at=job.if_revision,
+            revision=window.revision, target_tokens=job.target_tokens)
         return _land_record(store, claim, _ended(base, record))
     choice = _choose(summarizer, claim)
     sid = job.session_id
@@ -540,6 +552,12 @@ def _stale(report: FoldReport, why: str) -> FoldReport:
     """``report`` as a lost race: nothing of it landed, nothing is retried."""
     record = report.record.as_stale(why) if report.record is not None else None
     return replace(report, outcome="stale", spans=0, retry_error=None, detail=why, record=record)
+
+
+def _moved(job: FoldJob, report: FoldReport) -> bool:
+    """Whether the visit found the window moved past the job's ``if_revision`` (not a lost
+    race to re-plan: the caller measures the new window itself)."""
+    return job.if_revision is not None and report.revision not in (None, job.if_revision)
 
 
 def _measured(job: FoldJob, info: SessionInfo) -> int | None:

@@ -15,6 +15,7 @@ from sessionfold.core.tokens import Calibration
 from sessionfold.core.window import CompactionRecord, FoldedSpan, WindowItem
 
 __all__ = [
+    "NO_FOLD_OUTCOMES",
     "AppendResult",
     "BatchMark",
     "Claim",
@@ -34,6 +35,8 @@ __all__ = [
     "UsageReport",
     "UsageResult",
     "Window",
+    "past_trigger",
+    "skip_reason",
 ]
 
 
@@ -41,7 +44,7 @@ def past_trigger(tokens: int, trigger_tokens: int, *, paused: bool = False) -> b
     """Whether a session of ``tokens`` is due a background fold: not paused, and past its
     trigger (the one the store keeps, :attr:`SessionInfo.trigger_tokens`). The one statement of
     the rule: the gate, the session row, an append's ``crossed_trigger``, the scheduler's filter
-    and its :func:`~sessionfold.workers.scheduler.skip_reason` ask here, and the store's sweep
+    and :func:`skip_reason` ask here, and the store's sweep
     says the same in SQL (:func:`~sessionfold.store.sessions.over_trigger`)."""
     return not paused and tokens > trigger_tokens
 
@@ -131,6 +134,37 @@ class SessionInfo:
         warnings.warn("SessionInfo.over_budget is deprecated: it says whether the session is "
                       "over its trigger; read over_trigger", DeprecationWarning, stacklevel=2)
         return self.over_trigger
+
+
+#: Visit outcomes after which a session waits for its window to grow (or its policy to change).
+NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
+
+
+def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
+                trigger: str = "threshold") -> str | None:
+    """Why a session should not get a fold job now, or None if it should: the scheduler's
+    decision on its fresh read of the row (:mod:`sessionfold.workers.fold_enqueue`), and what
+    an agent's request guard asks before it waits for a job to be queued.
+
+    ``verdict_policy`` is the policy the session had when its last no-fold visit was seen (a
+    changed policy reopens the session); None when unknown. ``trigger="idle"``: the session is
+    idle past its cache's lifetime, and is judged by its policy's idle trigger alone (its cold
+    cache changes what pays, whatever the last visit decided; the sweep sends one per idle gap).
+    """
+    if info.paused:
+        return "paused"
+    if info.batch is not None:
+        return "batch-pending"  # its fold waits on a batch API, under its claim
+    if trigger == "idle":
+        return None if info.policy.over_idle_trigger(info.current_tokens) else "under-idle-trigger"
+    if not past_trigger(info.current_tokens, info.trigger_tokens):
+        return "under-trigger"
+    if info.last_visit_outcome in NO_FOLD_OUTCOMES:
+        grown = info.last_visit_tokens is None or info.current_tokens > info.last_visit_tokens
+        policy_changed = verdict_policy is not None and verdict_policy != info.policy
+        if not grown and not policy_changed:
+            return "no-growth-since-" + info.last_visit_outcome
+    return None
 
 
 @dataclass(frozen=True, slots=True)

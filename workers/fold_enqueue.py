@@ -21,7 +21,7 @@ from sessionfold.core.errors import SessionNotFoundError
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.runtime.metrics import Metrics
 from sessionfold.runtime.usage import UsageEvent
-from sessionfold.store.results import SessionGate, SessionInfo, past_trigger
+from sessionfold.store.results import NO_FOLD_OUTCOMES, SessionGate, SessionInfo, skip_reason
 
 from .batch_stats import BatchStats
 from .locks import FoldLock
@@ -31,10 +31,6 @@ __all__ = ["NO_FOLD_OUTCOMES", "Enqueue", "FoldEnqueue", "skip_reason"]
 
 #: The scheduler's logger, whichever of its modules logs.
 log = logging.getLogger("sessionfold.workers.scheduler")
-
-#: Visit outcomes after which a session waits for its window to grow (or its policy to change).
-NO_FOLD_OUTCOMES = frozenset({"nothing-to-fold", "refused"})
-
 
 class Enqueue(Protocol):
     """Puts one fold job on the queue and returns its job id.
@@ -47,31 +43,6 @@ class Enqueue(Protocol):
 
     def __call__(self, session_id: str, enqueued_epoch: int | None, trigger: str,
                  lock_token: str | None) -> str: ...
-
-
-def skip_reason(info: SessionInfo, verdict_policy: FoldPolicy | None = None,
-                trigger: str = "threshold") -> str | None:
-    """Why a session should not get a fold job now, or None if it should.
-
-    ``verdict_policy`` is the policy the session had when its last no-fold visit was seen (a
-    changed policy reopens the session); None when unknown. ``trigger="idle"``: the session is
-    idle past its cache's lifetime, and is judged by its policy's idle trigger alone (its cold
-    cache changes what pays, whatever the last visit decided; the sweep sends one per idle gap).
-    """
-    if info.paused:
-        return "paused"
-    if info.batch is not None:
-        return "batch-pending"  # its fold waits on a batch API, under its claim
-    if trigger == "idle":
-        return None if info.policy.over_idle_trigger(info.current_tokens) else "under-idle-trigger"
-    if not past_trigger(info.current_tokens, info.trigger_tokens):
-        return "under-trigger"
-    if info.last_visit_outcome in NO_FOLD_OUTCOMES:
-        grown = info.last_visit_tokens is None or info.current_tokens > info.last_visit_tokens
-        policy_changed = verdict_policy is not None and verdict_policy != info.policy
-        if not grown and not policy_changed:
-            return "no-growth-since-" + info.last_visit_outcome
-    return None
 
 
 class FoldEnqueue(SessionCache):

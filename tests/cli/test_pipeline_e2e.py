@@ -38,7 +38,7 @@ from sessionfold.cli.replay import ReplayOptions, format_table, replay
 from sessionfold.client import connect
 from sessionfold.core.policy import FoldPolicy
 from sessionfold.runtime.settings import Settings
-from sessionfold.store import SessionStore
+from sessionfold.store import SessionStore, StoredRecord
 
 # Two runs of different shape (the suite stays quick): one with an 868 K-character tool output,
 # and an ordinary one.
@@ -76,8 +76,8 @@ def test_replayed_transcripts_fold_in_the_background_and_keep_every_invariant(
             # agent try an inline fold where the protected recent turns alone pass the guard's
             # line (a background visit found nothing it could fold): it finds nothing either,
             # calls no summarizer, and is not tried again until a fold lands.
-            assert report.agent_summarizer_calls == 0
             overflow = [r for r in client.store.records(sid) if r.trigger == "overflow"]
+            assert report.agent_summarizer_calls == 0, _visits(client.store.records(sid))
             assert len(overflow) == report.inline_folds
             assert all(r.summarizer_usage.calls == 0 for r in overflow), overflow
             info = client.store.get_session(sid)
@@ -161,3 +161,12 @@ def _operate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         assert f"no session {sid!r}" in capsys.readouterr().err
     finally:
         store.close()
+
+
+def _visits(records: list[StoredRecord]) -> str:
+    """The session's visits, one a line, for a failure to say what the agent's inline folds
+    found and what the background ones had left."""
+    return "\n".join(
+        f"{r.created_at:%H:%M:%S.%f} rev {r.revision} {r.job_id} {r.trigger} {r.outcome} "
+        f"{r.measured_tokens}->{r.tokens_after} summarizer {r.summarizer_usage.calls}: "
+        f"{r.detail[:160]}" for r in records)

@@ -252,3 +252,63 @@ def test_the_cap_sends_the_window_the_fold_in_flight_leaves_when_it_lands_in_tim
         assert {s.job_id for s in client.store.spans(SID)} == {late.job_id}
         # What went out is the window the background fold left.
         assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+
+
+def test_a_fold_that_lands_between_two_reads_of_the_wait_is_sent_not_folded_again(
+        make_settings: Callable[..., Settings], conversation: list[Message],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker commits its fold before its job lets go of the session's fold lock. A request
+    that read the session row before the commit and looks for the lock after it finds nothing
+    on its way: it reads the row once more, and goes out on the window the fold left, with no
+    fold of its own (what CI once caught: the agent then folded that window again, measured by
+    the size of the one before)."""
+    with connect(make_settings(guard_wait_s=30)) as client:
+        agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
+        worker = client.session(SID)  # stands for the worker's visit
+        landed: list[Any] = []
+
+        def lock_gone_after_the_commit(info: Any, tokens: int) -> None:
+            if not landed:
+                landed.append(worker.fold_inline(trigger="threshold"))
+            return None
+
+        monkeypatch.setattr(client, "background_fold", lock_gone_after_the_commit)
+        provider = FakeProvider(keep_requests=5)
+        agent.call(provider)
+        assert [r.outcome for r in landed] == ["folded"]
+        assert agent.fold_waits == 1
+        assert agent.inline_folds == 0 == agent.cap_folds == agent.summarizer_calls
+        assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+        assert [e.message for e in agent.ledger()] == conversation
+
+
+def test_a_fold_that_lands_after_the_wait_gave_up_is_measured_not_folded_again(
+        make_settings: Callable[..., Settings], conversation: list[Message],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same fold, landing after the wait found nothing on its way and before the agent's
+    inline claim: the inline visit finds the window it measured replaced, records that
+    (``stale``, naming both revisions) and folds nothing; the request goes out on the new
+    window."""
+    with connect(make_settings(guard_wait_s=30)) as client:
+        agent = _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
+        worker = client.session(SID)
+        landed: list[Any] = []
+
+        def gave_up_then_it_lands(session_id: str, revision: int, tokens: int,
+                                  timeout_s: float) -> bool:
+            landed.append(worker.fold_inline(trigger="threshold"))
+            return False
+
+        monkeypatch.setattr(client, "await_window_change", gave_up_then_it_lands)
+        provider = FakeProvider(keep_requests=5)
+        waited = guard_count("waited")
+        agent.call(provider)
+        assert [r.outcome for r in landed] == ["folded"]
+        assert agent.cap_folds == 0 == agent.summarizer_calls
+        assert agent.last_fold is not None and agent.last_fold.outcome == "stale"
+        assert "window moved" in agent.last_fold.detail
+        assert guard_count("waited") == waited + 1
+        records = client.store.records(SID)
+        assert records[-1].outcome == "stale" and records[-1].job_id == agent.last_fold.job_id
+        assert [s.job_id for s in client.store.spans(SID)] == [landed[0].job_id]
+        assert provider.requests[-1]["messages"] == agent.window(recall=True).messages

@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry
 from sessionfold.client import Client, SessionHandle, connect
 from sessionfold.core.errors import InvalidInputError
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.core.window import CompactionRecord
 from sessionfold.runtime.keys import Keys
 from sessionfold.runtime.metrics import Metrics
 from sessionfold.runtime.settings import Settings
 from sessionfold.runtime.usage import FIELD, NUDGE_FIELD, NudgeEvent, UsagePublisher
-from sessionfold.store.results import SessionGate, SessionInfo
+from sessionfold.store.results import SessionGate, SessionInfo, skip_reason
 from sessionfold.store.store import SessionStore
 from sessionfold.workers.scheduler import Scheduler
 
@@ -195,6 +196,56 @@ def test_a_nudge_does_not_alter_the_measured_size(
         measured.measured_tokens, measured.measured_seq, measured.measured_revision)
     assert after.calibration == measured.calibration
     assert redis_conn.hgetall(keys.measured(SID)) == in_redis
+
+
+def _past_the_trigger_after_a_visit_that_folded_nothing(client: Client, *, grown: bool
+                                                        ) -> SessionInfo:
+    """A session past its trigger whose last visit folded nothing, written through the store
+    (no nudge, no report), then grown by an append that crosses nothing (``grown``)."""
+    client.store.create_session(SID, POLICY, "ops agent")
+    client.store.append(SID, small_talk(3) + big_output(2_400) * 4)
+    size = client.store.get_session(SID).current_tokens
+    client.store.record_visit(SID, CompactionRecord(
+        trigger="threshold", outcome="nothing-to-fold", budget_tokens=POLICY.budget_tokens,
+        target_tokens=POLICY.target_tokens, measured_tokens=size, tokens_after=size))
+    if grown:
+        client.store.append(SID, small_talk(2))
+    return client.store.get_session(SID)
+
+
+def test_a_request_held_past_the_line_nudges_the_scheduler_for_the_fold_it_waits_for(
+        client: Client, scheduler: Scheduler, enqueue: RecordingEnqueue,
+        registry: CollectorRegistry, redis_conn: redis.Redis, settings: Settings) -> None:
+    """The session grew since a visit that folded nothing, by appends that cross no trigger
+    (no nudge), and the agent's request, held past the guard's line while it waits for the
+    fold, sends no usage report: only the sweep (an hour away here) would look. The wait
+    nudges the scheduler itself, which queues the job at its next read (what CI caught: the
+    agent gave up on the fold it waited for and folded inline, its summary on its own path)."""
+    info = _past_the_trigger_after_a_visit_that_folded_nothing(client, grown=True)
+    assert skip_reason(info) is None
+    assert client.background_fold(info, info.current_tokens) == "expected"
+    scheduler.run_once()
+    assert enqueue.jobs == []
+    assert not client.await_window_change(SID, info.revision, info.current_tokens,
+                                          timeout_s=0.3)  # nothing lands: no worker here
+    stats = scheduler.run_once()
+    assert [(sid, trigger) for sid, _, trigger in enqueue.jobs] == [(SID, "threshold")]
+    assert stats.nudged == 1 and enqueued_by_nudge(registry) == 1
+    assert [NUDGE_FIELD in f for f in stream_fields(redis_conn, settings)] == [True]
+
+
+def test_a_request_past_the_line_does_not_wait_for_a_fold_the_scheduler_would_pass_on(
+        client: Client, scheduler: Scheduler, enqueue: RecordingEnqueue,
+        redis_conn: redis.Redis, settings: Settings) -> None:
+    """Not grown since the visit that folded nothing: the scheduler would queue no job, so the
+    request neither waits for one nor nudges (it folds inline at once, if it must)."""
+    info = _past_the_trigger_after_a_visit_that_folded_nothing(client, grown=False)
+    assert skip_reason(info) == "no-growth-since-nothing-to-fold"
+    assert client.background_fold(info, info.current_tokens) is None
+    assert not client.await_window_change(SID, info.revision, info.current_tokens,
+                                          timeout_s=30)
+    scheduler.run_once()
+    assert enqueue.jobs == [] and stream_fields(redis_conn, settings) == []
 
 
 def test_nudges_of_one_session_in_a_batch_cost_one_store_read(
