@@ -56,11 +56,13 @@ def test_throughput_only_on_300_item_windows_reports_the_workers_cpu_per_fold(
     assert throughput["worker cpu s"] > 0
     assert throughput["cpu ms/fold"] * throughput["folds per cpu-s"] == pytest.approx(1000)
     # Split between the consumer and the pool: a solo worker folds in the consumer itself; a
-    # prefork worker's folds run in its child, which spends more than the consumer.
+    # prefork worker's folds run in its child, which spends more than the consumer. The kernel
+    # counts CPU in clock ticks (10 ms): a prefork consumer that only hands four jobs to its
+    # child may spend less than one tick over the run, and read 0 (CI once did).
     consumer, pool_ms = throughput["consumer cpu ms/fold"], throughput["pool cpu ms/fold"]
     assert consumer + pool_ms == pytest.approx(throughput["cpu ms/fold"])
     if pool == "solo":
         assert pool_ms == pytest.approx(0.0, abs=1e-9) and consumer > 0
     else:
-        assert pool_ms > consumer > 0
+        assert pool_ms > consumer >= 0
     assert "291-message windows, every visit priced" in out.read_text()
