@@ -6,7 +6,10 @@ header: a client can send megabytes of one header, or tens of thousands of heade
 server holds them all before the app sees the request (uvicorn bounds the head only for its
 ``h11`` protocol, ``h11_max_incomplete_event_size``). :class:`BoundedHttpToolsProtocol` counts
 the bytes a head has taken, from the second read of it on, and answers 431 (connection closed)
-once they pass the limit while the head is still incomplete; the limit is that same uvicorn
+once they pass the limit while the head is still incomplete (the answer is followed by a
+half-close, and what the client still sends is read and dropped for at most
+:data:`LINGER_S` before the connection closes: closed at once, a client still writing gets a
+reset that may discard the 431 before it reads it); the limit is that same uvicorn
 setting, set from ``SESSIONFOLD_API_MAX_HEADER_BYTES`` (:func:`server_options`). A head may
 hold at most one read (256 KiB) beyond the limit. What completes under it is checked again, field
 by field, by :class:`~.boundary.BoundaryMiddleware` (the number of fields, its size).
@@ -14,6 +17,7 @@ by field, by :class:`~.boundary.BoundaryMiddleware` (the number of fields, its s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -26,6 +30,8 @@ __all__ = ["BoundedHttpToolsProtocol", "server_options"]
 
 #: uvicorn's own default for the h11 protocol's head, used when the setting is absent.
 _DEFAULT_HEAD_BYTES = 16 * 1024
+#: How long a refused head's connection is drained (read, dropped) before it is closed.
+LINGER_S = 2.0
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
@@ -43,6 +49,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._began_in_this_read = False
+        self._refused = False
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -55,6 +62,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the rest of a refused head: dropped until the connection closes
         continuing = self._in_head
         self._began_in_this_read = False
         super().data_received(data)
@@ -78,4 +87,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             b"content-type: application/json\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n"
             b"connection: close\r\n\r\n" + body)
-        self.transport.close()
+        self._refused = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
