@@ -20,6 +20,8 @@ from sessionfold.cli.standin.fakeprovider import FakeProvider
 from sessionfold.client import SessionHandle, connect
 from sessionfold.core.messages import Message
 from sessionfold.core.policy import FoldPolicy
+from sessionfold.runtime.keys import Keys
+from sessionfold.runtime.redis_conn import redis_client
 from sessionfold.runtime.settings import Settings
 
 NAMES = ("django__django-15554", "sympy__sympy-13091")
@@ -69,6 +71,18 @@ def test_scheduler_and_worker_recover_from_a_redis_restart(
         before = folds()
 
         private_redis.restart()  # the stream, its group, the locks and the queue are gone
+        # The scheduler holds its partitions again at its next lease refresh (a third of the
+        # lease time). Until then no agent can tell that a scheduler runs, and a request the
+        # guard cannot bring under the budget folds inline rather than wait for nobody (the
+        # documented fallback, which a loaded run once hit): the agents resume after it.
+        keys = Keys.from_settings(settings)
+        bus = redis_client(private_redis.url)
+        try:
+            wait_until(lambda: all(bus.exists(keys.partition_lease(keys.partition_of(n)))
+                                   for n in NAMES),
+                       timeout_s=60, what="the scheduler to hold its partitions again")
+        finally:
+            bus.close()
 
         for name, agent in agents.items():
             _drive(agent, conversations[name], 70, 140, provider)
