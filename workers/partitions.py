@@ -111,6 +111,12 @@ class PartitionLeases:
         """True when a refresh is due (every third of the lease time)."""
         return time.monotonic() >= self._next_refresh
 
+    def refresh_soon(self) -> None:
+        """Make the next :meth:`due` true: Redis lost what it held (a restart), so the leases
+        are taken again at once rather than a third of the lease time later (until then no
+        agent can tell that a scheduler reads the partitions, and none waits for its fold)."""
+        self._next_refresh = 0.0
+
     def refresh(self) -> LeaseChange:
         """Heartbeat, compute the assignment, take free assigned leases, renew held ones.
 

@@ -132,7 +132,10 @@ class Scheduler(UsageIntake, Sweep):
             stats.partitions = self.rebalance()
         if time.monotonic() >= self._next_sweep:
             self.sweep(stats)
+        resets = self.consumer.resets
         entries = self.consumer.read(stop)
+        if self.consumer.resets != resets:
+            self.leases.refresh_soon()  # the leases went with what Redis lost: take them again
         if entries:
             self.handle(entries, stats)
         elif self._unwritten:

@@ -138,6 +138,9 @@ class UsageConsumer:
         self.assign(range(keys.partitions) if partitions is None else partitions)
         #: Malformed entries acknowledged and skipped since start.
         self.malformed = 0
+        #: Times the streams' Redis was found reset (a consumer group gone) or reachable again
+        #: after an outage: what it held (the scheduler's partition leases too) may be gone.
+        self.resets = 0
         #: Entries taken over from other consumers since start.
         self.claimed = 0
         #: Inline fold events handed to ``on_fold`` (and acknowledged) since start.
@@ -220,6 +223,7 @@ class UsageConsumer:
             if "NOGROUP" in str(exc):
                 # Redis restarted (or someone deleted the stream): the group is gone with it.
                 log.warning("usage stream consumer group missing (Redis restarted?); recreating")
+                self.resets += 1
                 self._ready.clear()
                 self._claim_cursor = dict.fromkeys(self._streams, b"0-0")
                 return []
@@ -231,6 +235,7 @@ class UsageConsumer:
             return []
         if self._outage_logged:
             log.warning("usage stream reachable again")
+            self.resets += 1
         self._outage_logged = False
         self._backoff_s = 0.0
         return entries

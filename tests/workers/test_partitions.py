@@ -202,3 +202,34 @@ def test_a_scheduler_that_hands_partitions_over_writes_out_what_waits_first(
     assert second.leases.owned and first.leases.owned.isdisjoint(second.leases.owned)
     handed = [i for i in infos if keys.partition_of(i.id) in second.leases.owned]
     assert all(sqlite_store.get_session(i.id).measured_tokens == 2_000 for i in handed)
+
+
+def test_a_scheduler_takes_its_leases_again_at_once_after_redis_restarts(
+        make_settings: Callable[..., Settings], sqlite_store: SessionStore,
+        private_redis: Any) -> None:
+    """A restart empties Redis, the scheduler's partition leases with it. Until they are held
+    again no agent can tell that a scheduler reads its session, and a request the guard cannot
+    bring under the budget folds inline instead of waiting. The scheduler that finds its
+    stream group gone (or Redis back after an outage) takes them again at its next batch, not
+    a third of the lease time later (200 s here)."""
+    settings = make_settings(redis_url=private_redis.url, partitions=PARTITIONS,
+                             scheduler_lease_ms=600_000, scheduler_block_ms=10,
+                             scheduler_sweep_interval_s=3600)
+    keys = Keys.from_settings(settings)
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=2)
+    scheduler = Scheduler(settings, sqlite_store, client, RecordingEnqueue(),
+                          consumer_name="sched-restart", metrics_=Metrics(CollectorRegistry()))
+    leases = [keys.partition_lease(p) for p in range(PARTITIONS)]
+    try:
+        scheduler.run_once()
+        assert client.exists(*leases) == PARTITIONS
+        private_redis.restart()
+        assert client.exists(*leases) == 0
+        for _ in range(20):  # an outage's backoff, then the group found missing
+            scheduler.run_once()
+            if client.exists(*leases) == PARTITIONS:
+                break
+        assert client.exists(*leases) == PARTITIONS
+        assert scheduler.consumer.resets >= 1
+    finally:
+        client.close()
