@@ -241,26 +241,33 @@ class Client:
         """Wait, at most ``timeout_s``, for the window of ``session_id`` to move past
         ``revision`` while a background fold is on its way for a request of ``tokens``
         (:meth:`background_fold`; one only expected is waited for :data:`EXPECTED_GRACE_S` at
-        most, to appear, and the scheduler is nudged for it once: a session already past its
-        trigger sends no nudge on append, and the request held here sends no usage report, so
-        without one only the scheduler's sweep would look). True: it moved (a fold landed, or
-        anything else changed it); False: nothing was on its way, or it did not land in time.
-        Reads the session row, first every 20 ms, backing off to every 250 ms."""
-        started = time.monotonic()
-        deadline = started + max(0.0, timeout_s)
-        grace = started + min(EXPECTED_GRACE_S, max(0.0, timeout_s))
+        most from when it is found expected, to appear, and the scheduler is nudged for it: a
+        session already past its trigger sends no nudge on append, and the request held here
+        sends no usage report, so without one only the scheduler's sweep would look). True: it
+        moved (a fold landed, or anything else changed it); False: nothing was on its way, or
+        it did not land in time. Reads the session row, first every 20 ms, backing off to every
+        250 ms."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        #: When a fold found only expected stops being waited for (None: not expected now).
+        expected_until: float | None = None
         delay = 0.02
-        nudged = False
         while True:
             info = self.store.get_session(session_id)
             if info.revision != revision:
                 return True
             state = self.background_fold(info, tokens)
-            if state == "expected" and not nudged:
-                self.nudge(session_id, info.revision)
-                nudged = True
             now = time.monotonic()
-            end = deadline if state == "pending" else grace
+            if state == "expected":
+                if expected_until is None:
+                    # Its grace counts from now, not from the start of the wait: a job that
+                    # ended without folding (it read the window before the request's append)
+                    # leaves the next one expected after a long pending wait.
+                    expected_until = min(deadline, now + EXPECTED_GRACE_S)
+                    self.nudge(session_id, info.revision)
+                end = expected_until
+            else:
+                expected_until = None
+                end = deadline
             if state is None or now >= end:
                 # A worker commits its fold before its job releases the fold lock: a lock
                 # found gone after the row above was read may be a fold that landed between

@@ -7,7 +7,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +312,43 @@ def test_a_fold_that_lands_after_the_wait_gave_up_is_measured_not_folded_again(
         assert records[-1].outcome == "stale" and records[-1].job_id == agent.last_fold.job_id
         assert [s.job_id for s in client.store.spans(SID)] == [landed[0].job_id]
         assert provider.requests[-1]["messages"] == agent.window(recall=True).messages
+
+
+class _Clock:
+    """``time`` for the wait, advanced by its own sleeps (the wait reads no other clock)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_fold_found_expected_after_a_long_pending_wait_still_gets_its_grace(
+        make_settings: Callable[..., Settings], conversation: list[Message],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job holds the fold lock for ten seconds and ends without folding (it read the window
+    before the request's append): the next job is only expected. Its grace counts from then,
+    not from the start of the wait (what the demo once hit: the grace had run out before the
+    job was even expected, so the agent folded inline)."""
+    clock = _Clock()
+    with connect(make_settings()) as client:
+        _agent(client, conversation, FoldPolicy(budget_tokens=20_000))
+        info = client.store.get_session(SID)
+        read = client.store.get_session
+
+        def row(sid: str) -> Any:
+            fresh = read(sid)  # the next job's fold lands at 11.5 s
+            return replace(fresh, revision=fresh.revision + 1) if clock.now >= 11.5 else fresh
+
+        monkeypatch.setattr(client.store, "get_session", row)
+        monkeypatch.setattr(client, "background_fold",
+                            lambda i, tokens: "pending" if clock.now < 10 else "expected")
+        nudges: list[str] = []
+        monkeypatch.setattr(client, "nudge", lambda sid, revision: nudges.append(sid) or True)
+        monkeypatch.setattr("sessionfold.client.connection.time", clock)
+        assert client.await_window_change(SID, info.revision, info.current_tokens, 15.0)
+        assert 11.5 <= clock.now < 12.5 and nudges == [SID]
