@@ -151,8 +151,7 @@ class RequestGuard:
         report = self._session.fold_inline(trigger="overflow",
                                            measured_tokens=guarded.tokens_before,
                                            if_revision=revision)
-        if report.outcome == "stale" and report.spans == 0 and revision is not None and (
-                report.revision not in (None, revision)):
+        if report.moved_from(revision):
             metrics().record_guard("waited")
             return True
         self.cap_folds += 1

@@ -221,6 +221,13 @@ class FoldReport:
     def folded(self) -> bool:
         return self.outcome == "folded"
 
+    def moved_from(self, revision: int | None) -> bool:
+        """Whether this visit found the window past ``revision``, the one its job measured
+        (:attr:`FoldJob.if_revision`), and so folded nothing: not a lost race to re-plan, a
+        window for the caller to measure again. False for ``revision`` None."""
+        return (revision is not None and self.outcome == "stale"
+                and self.revision not in (None, revision))
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "session": self.session_id, "outcome": self.outcome, "job": self.job_id,
@@ -269,7 +276,7 @@ def run_fold(store: SessionStore, summarizer: Summarizer | SummarizerGuard | Non
     to its lease: the session waits no longer than ``job.lease_s`` for the next visit.
     """
     report = _attempt(store, summarizer, job, pricing, out_of_time, batch)
-    if report.outcome != "stale" or not job.replan or _moved(job, report):
+    if report.outcome != "stale" or not job.replan or report.moved_from(job.if_revision):
         return charged(summarizer, report)
     # Lost the race (another inline fold, or a claim that outlived ours). The winner may have
     # done the work already: look before paying again.
@@ -552,12 +559,6 @@ def _stale(report: FoldReport, why: str) -> FoldReport:
     """``report`` as a lost race: nothing of it landed, nothing is retried."""
     record = report.record.as_stale(why) if report.record is not None else None
     return replace(report, outcome="stale", spans=0, retry_error=None, detail=why, record=record)
-
-
-def _moved(job: FoldJob, report: FoldReport) -> bool:
-    """Whether the visit found the window moved past the job's ``if_revision`` (not a lost
-    race to re-plan: the caller measures the new window itself)."""
-    return job.if_revision is not None and report.revision not in (None, job.if_revision)
 
 
 def _measured(job: FoldJob, info: SessionInfo) -> int | None:
